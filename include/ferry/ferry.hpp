@@ -1,0 +1,329 @@
+// TensorFerry C++ API: write and read device-agnostic tensor checkpoints.
+//
+// A checkpoint file stores tensors, FP8/FP4 scaling state and string metadata, and nothing
+// about the device it was saved from. Loading onto a GPU (ferry/loader.hpp) always targets the
+// caller's current device and stream.
+//
+// Handles and threads:
+// - Writer: owned by its creator (move-only); one thread at a time.
+// - Reader: shared (std::shared_ptr); immutable after Open, so every const method may be
+//   called from any number of threads at once. HostView objects keep the file mapping alive
+//   on their own, so a view may outlive the Reader it came from.
+#ifndef FERRY_FERRY_HPP_
+#define FERRY_FERRY_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "ferry/status.hpp"
+#include "ferry/version.h"
+
+namespace ferry {
+
+// Runtime version, "MAJOR.MINOR.PATCH"; compare with FERRY_VERSION_STRING for header skew.
+FERRY_API const char* VersionString();
+
+// The format version this build writes (and the newest it reads).
+inline constexpr uint32_t kFormatVersion = 1;
+
+// Element types. Values equal the schema's (schema/ferry.fbs) and are pinned forever.
+enum class DType : uint8_t {
+  kBool = 0,
+  kU8 = 1,
+  kU16 = 2,
+  kU32 = 3,
+  kU64 = 4,
+  kI8 = 5,
+  kI16 = 6,
+  kI32 = 7,
+  kI64 = 8,
+  kF16 = 9,
+  kBF16 = 10,
+  kF32 = 11,
+  kF64 = 12,
+  kC64 = 13,
+  kC128 = 14,
+  kF8_E4M3FN = 15,
+  kF8_E5M2 = 16,
+  kF8_E8M0FNU = 17,
+  kF8_E4M3FNUZ = 18,
+  kF8_E5M2FNUZ = 19,
+  kF6_E2M3FN = 20,
+  kF6_E3M2FN = 21,
+  kF4_E2M1FN = 22,  // two per byte, element 2i in the low nibble
+};
+inline constexpr int kNumDTypes = 23;
+
+// "BF16", "F8_E4M3FN", ... (the schema's names); "?" for values out of range.
+FERRY_API const char* DTypeName(DType dtype);
+// Parses a DTypeName; nullopt when unknown.
+FERRY_API std::optional<DType> ParseDType(std::string_view name);
+// Bits per element in storage: 4 for F4_E2M1FN, 8 for F6 (one per byte), 8*itemsize otherwise.
+FERRY_API int DTypeStorageBits(DType dtype);
+FERRY_API bool IsValidDType(uint8_t value);
+// Stored bytes of `numel` elements (ceil(numel/2) for F4). nullopt on overflow.
+FERRY_API std::optional<uint64_t> StorageBytes(DType dtype, uint64_t numel);
+// Product of dims; nullopt on a negative dim or overflow.
+FERRY_API std::optional<uint64_t> NumElements(const std::vector<int64_t>& shape);
+
+enum class Encoding : uint8_t { kRaw = 0, kZstd = 1, kShuffleZstd = 2 };
+FERRY_API const char* EncodingName(Encoding encoding);
+
+// Description of one stored tensor. Cheap to copy; independent of the Reader's lifetime.
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;       // raw bytes
+  uint64_t data_offset = 0;  // absolute file offset of the stored bytes
+  uint64_t data_size = 0;    // stored bytes (== nbytes for kRaw)
+  Encoding encoding = Encoding::kRaw;
+  uint64_t block_size = 0;  // raw bytes per checksum block / chunk
+  size_t index = 0;         // position in the Reader's name-sorted tensor list
+};
+
+// ---- FP8 / FP4 scaling metadata (TransformerEngine recipes), never pickled ----------------
+
+enum class Fp8Format : uint8_t { kE4M3 = 0, kE5M2 = 1, kHybrid = 2 };
+enum class AmaxComputeAlgo : uint8_t { kMax = 0, kMostRecent = 1 };
+enum class ScalingMode : uint8_t {
+  kPerTensor = 0,
+  kMxfp8_1x32 = 1,
+  kBlock_1x128 = 2,
+  kBlock_128x128 = 3,
+  kNvfp4_1x16 = 4
+};
+enum class ScaleLayout : uint8_t { kRowMajor = 0, kSwizzled = 1 };
+enum class Direction : uint8_t { kForward = 0, kBackward = 1 };
+enum class SlotRole : uint8_t {
+  kInput = 0,
+  kWeight = 1,
+  kOutput = 2,
+  kGradOutput = 3,
+  kGradInput = 4
+};
+
+struct DelayedScaling {
+  int32_t margin = 0;
+  Fp8Format fp8_format = Fp8Format::kHybrid;
+  int32_t amax_history_len = 1024;
+  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::kMax;
+  bool reduce_amax = true;
+  bool fp8_dpa = false;
+  bool fp8_mha = false;
+  bool operator==(const DelayedScaling&) const = default;
+};
+struct Float8CurrentScaling {
+  Fp8Format fp8_format = Fp8Format::kHybrid;
+  bool fp8_dpa = false;
+  bool fp8_mha = false;
+  bool operator==(const Float8CurrentScaling&) const = default;
+};
+struct MXFP8BlockScaling {
+  Fp8Format fp8_format = Fp8Format::kE4M3;
+  bool operator==(const MXFP8BlockScaling&) const = default;
+};
+struct Float8BlockScaling {
+  Fp8Format fp8_format = Fp8Format::kE4M3;
+  int32_t x_block_scaling_dim = 1;
+  int32_t w_block_scaling_dim = 2;
+  int32_t grad_block_scaling_dim = 1;
+  bool operator==(const Float8BlockScaling&) const = default;
+};
+struct NVFP4BlockScaling {
+  bool disable_rht = false;
+  bool disable_stochastic_rounding = false;
+  bool disable_2d_quantization = false;
+  bool operator==(const NVFP4BlockScaling&) const = default;
+};
+// Known by name only: callables are never serialized.
+struct CustomRecipe {
+  std::string name;
+  std::string qfactory;
+  bool operator==(const CustomRecipe&) const = default;
+};
+// monostate: no recipe recorded.
+using Recipe = std::variant<std::monostate, DelayedScaling, Float8CurrentScaling,
+                            MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling,
+                            CustomRecipe>;
+
+// Scaling state of one direction of one module: S = slot_roles.size() slots and
+// L = history_len rows of amax history (row 0 current), stored F32[L, S] row-major.
+struct DirectionState {
+  Direction direction = Direction::kForward;
+  int32_t num_gemms = 1;
+  std::vector<SlotRole> slot_roles;
+  std::vector<float> scale;         // S entries
+  std::vector<float> amax_history;  // L * S entries
+  int32_t history_len = 0;
+  bool operator==(const DirectionState&) const = default;
+};
+
+struct ScalingState {
+  std::string module;
+  Recipe recipe;
+  std::vector<DirectionState> states;  // empty for stateless recipes
+  bool operator==(const ScalingState&) const = default;
+};
+
+// Each string names a tensor of the same checkpoint.
+struct QuantizedComponent {
+  std::string data;
+  std::string scale_inv;  // may be empty
+  ScaleLayout scale_layout = ScaleLayout::kRowMajor;
+  std::string amax;  // may be empty
+  bool operator==(const QuantizedComponent&) const = default;
+};
+
+struct QuantizedTensor {
+  std::string name;
+  DType quantized_dtype = DType::kF8_E4M3FN;
+  DType logical_dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+  ScalingMode scaling_mode = ScalingMode::kPerTensor;
+  std::optional<QuantizedComponent> rowwise;
+  std::optional<QuantizedComponent> columnwise;
+  bool operator==(const QuantizedTensor&) const = default;
+};
+
+// ---- Writer ----------------------------------------------------------------------------
+
+struct WriterOptions {
+  // Raw bytes per checksum block (and per compressed chunk). A power of two, >= 4096.
+  uint64_t block_size = uint64_t{4} << 20;
+  // Default encoding of tensors added without an explicit one.
+  Encoding encoding = Encoding::kRaw;
+  int zstd_level = 3;
+  // A chunk is stored uncompressed unless compression saves at least this fraction.
+  double min_savings = 0.03;
+  // Compression threads (0: one per hardware thread, at most 16).
+  int threads = 0;
+  // Stored as Checkpoint.producer; empty means "tensorferry <version>".
+  std::string producer;
+  // fsync the file and its directory on Commit (turn off only for scratch files).
+  bool durable = true;
+};
+
+// Pulls a tensor's bytes in order: fill `size` bytes at `dst` with raw bytes
+// [offset, offset + size). Lets sources that are not in host memory (a GPU, a socket)
+// stream through the writer without a full host copy.
+using FillFn = std::function<Status(uint64_t offset, void* dst, size_t size)>;
+
+// Writes one checkpoint. Data streams to "<path>.tmp.<random>" as tensors are added, so memory
+// does not grow with tensor sizes; Commit() writes the footer, fsyncs and renames over `path`
+// atomically. If Commit() is never reached (error, destruction, crash) the temporary file is
+// removed where possible and any previous file at `path` is untouched.
+// Move-only; not thread-safe (one thread at a time).
+class FERRY_API Writer {
+ public:
+  static Result<Writer> Create(const std::string& path, WriterOptions options = {});
+  Writer(Writer&&) noexcept;
+  Writer& operator=(Writer&&) noexcept;
+  ~Writer();
+
+  // Host-memory source: `data` must hold the tensor's StorageBytes; it is read before the
+  // call returns and may be freed after.
+  Status AddTensor(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                   const void* data, uint64_t nbytes);
+  Status AddTensor(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                   const void* data, uint64_t nbytes, Encoding encoding);
+  // Pulled source (see FillFn), called with pieces of at most options.block_size bytes.
+  Status AddTensorFrom(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                       const FillFn& fill, Encoding encoding);
+
+  // Component tensors must be added (before Commit) under the names the QuantizedTensor uses.
+  Status AddQuantized(const QuantizedTensor& tensor);
+  Status AddScalingState(const ScalingState& state);
+  Status SetMetadata(std::string_view key, std::string_view value);
+
+  // Finishes the file and atomically replaces `path`. The Writer is spent afterwards.
+  Status Commit();
+  // Drops the temporary file; `path` is untouched. Idempotent.
+  void Abort();
+
+  const std::string& path() const;
+
+  class Impl;
+
+ private:
+  explicit Writer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Reader ----------------------------------------------------------------------------
+
+struct ReaderOptions {
+  // Check every tensor's checksums at open (reads the whole file). Off: checksums are
+  // checked when asked (ReadOptions::verify, Reader::Verify).
+  bool verify_on_open = false;
+};
+
+struct ReadOptions {
+  bool verify = false;  // check block checksums of the bytes read
+};
+
+class FERRY_API Mapping;
+
+// A read-only zero-copy view of a raw tensor inside the file mapping. Holds a reference to
+// the mapping: valid (and the memory readable) as long as the view, or a copy, exists.
+struct HostView {
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+  TensorInfo info;
+  std::shared_ptr<const Mapping> keepalive;
+};
+
+class FERRY_API Reader {
+ public:
+  // Maps `path`, reads trailer and footer, verifies and validates the index. Fails with
+  // NotFound / IoError for file trouble and DataLoss for any malformed byte.
+  static Result<std::shared_ptr<Reader>> Open(const std::string& path, ReaderOptions = {});
+  ~Reader();
+
+  const std::string& path() const;
+  uint64_t file_size() const;
+  uint32_t format_version() const;
+  std::string producer() const;
+
+  size_t num_tensors() const;
+  // i in [0, num_tensors()), in name order.
+  TensorInfo tensor(size_t i) const;
+  // O(log n) lookup by exact name; NotFound names the file and tensor.
+  Result<TensorInfo> Find(std::string_view name) const;
+  std::vector<std::string> names() const;
+
+  std::vector<std::pair<std::string, std::string>> metadata() const;
+  std::optional<std::string> metadata(std::string_view key) const;
+  std::vector<QuantizedTensor> quantized() const;
+  std::vector<ScalingState> scaling_states() const;
+
+  // Zero-copy view; Unimplemented for encoded tensors (use ReadInto).
+  Result<HostView> View(std::string_view name, ReadOptions = {}) const;
+  // Copies (decoding if needed) the whole tensor into `dst`, which holds `dst_size` >= nbytes.
+  Status ReadInto(std::string_view name, void* dst, uint64_t dst_size, ReadOptions = {}) const;
+  // Copies rows [row_begin, row_end) of dimension 0 (a tensor-parallel shard).
+  Status ReadRowsInto(std::string_view name, int64_t row_begin, int64_t row_end, void* dst,
+                      uint64_t dst_size, ReadOptions = {}) const;
+  // Checks the checksums of one tensor, or of every tensor.
+  Status Verify(std::string_view name) const;
+  Status VerifyAll() const;
+
+  class Impl;
+  // Internal: for the loader and the C API. Not stable.
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  explicit Reader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_FERRY_HPP_

@@ -1,0 +1,169 @@
+#include "io.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "util.hpp"
+
+namespace ferry {
+
+namespace {
+Status ErrnoStatus(int err, const std::string& path, const char* what) {
+  StatusCode code = StatusCode::kIoError;
+  if (err == ENOENT) code = StatusCode::kNotFound;
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == ENOMEM)
+    code = StatusCode::kResourceExhausted;
+  return Error(code, path, ": ", what, " failed ", ErrnoText(err));
+}
+}  // namespace
+
+File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<File> File::OpenRead(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(errno, path, "open");
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, path, "fstat");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error(StatusCode::kInvalidArgument, path, ": not a regular file");
+  }
+  return File(fd, path);
+}
+
+Result<File> File::CreateExclusive(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(errno, path, "create");
+  return File(fd, path);
+}
+
+Status File::WriteAll(const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    // Large single writes are split so a signal costs little progress.
+    size_t n = size < (size_t{1} << 30) ? size : (size_t{1} << 30);
+    ssize_t w = ::write(fd_, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path_, "write");
+    }
+    if (w == 0) return Error(StatusCode::kIoError, path_, ": write made no progress");
+    p += w;
+    size -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status File::PReadAll(void* dst, size_t size, uint64_t offset) const {
+  char* p = static_cast<char*>(dst);
+  while (size > 0) {
+    ssize_t r = ::pread(fd_, p, size, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path_, StrCat("read at offset ", offset).c_str());
+    }
+    if (r == 0) {
+      return Error(StatusCode::kDataLoss, path_, ": unexpected end of file at offset ", offset);
+    }
+    p += r;
+    size -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status File::Sync() {
+  if (::fsync(fd_) != 0) return ErrnoStatus(errno, path_, "fsync");
+  return Status::Ok();
+}
+
+Result<uint64_t> File::Size() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, path_, "fstat");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Status File::Close() {
+  if (fd_ < 0) return Status::Ok();
+  int fd = fd_;
+  fd_ = -1;
+  // close() is not retried on EINTR: on Linux the descriptor is gone either way.
+  if (::close(fd) != 0 && errno != EINTR) return ErrnoStatus(errno, path_, "close");
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<Mapping>> Mapping::Map(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(File file, File::OpenRead(path));
+  FERRY_ASSIGN_OR_RETURN(uint64_t size, file.Size());
+  std::shared_ptr<Mapping> m(new Mapping());
+  m->path_ = path;
+  m->size_ = size;
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, file.fd(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, path, "mmap");
+    m->data_ = static_cast<const uint8_t*>(p);
+  }
+  m->file_ = std::move(file);
+  return m;
+}
+
+Mapping::~Mapping() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+Status SyncParentDir(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  int fd;
+  do {
+    fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(errno, dir, "open directory");
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some file systems (tmpfs on old kernels) refuse fsync on directories; durability is then
+  // not ours to give, and the rename itself is still atomic.
+  if (rc != 0 && err != EINVAL) return ErrnoStatus(err, dir, "fsync directory");
+  return Status::Ok();
+}
+
+Status RenameFile(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoStatus(errno, to, StrCat("rename from ", from).c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry

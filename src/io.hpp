@@ -1,0 +1,72 @@
+// Files and mappings: every system call retried on EINTR and short transfers, every failure
+// a Status naming the path.
+#ifndef FERRY_SRC_IO_HPP_
+#define FERRY_SRC_IO_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+
+// An owned file descriptor.
+class File {
+ public:
+  File() = default;
+  File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  static Result<File> OpenRead(const std::string& path);
+  // Creates a new file; fails if it exists.
+  static Result<File> CreateExclusive(const std::string& path);
+
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  bool is_open() const { return fd_ >= 0; }
+
+  Status WriteAll(const void* data, size_t size);
+  Status PReadAll(void* dst, size_t size, uint64_t offset) const;
+  Status Sync();
+  Result<uint64_t> Size() const;
+  Status Close();
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+// A read-only private mapping of a whole file.
+class Mapping {
+ public:
+  static Result<std::shared_ptr<Mapping>> Map(const std::string& path);
+  ~Mapping();
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  int fd() const { return file_.fd(); }
+
+ private:
+  Mapping() = default;
+  File file_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
+// fsync of the directory holding `path`, so a rename inside it is durable.
+Status SyncParentDir(const std::string& path);
+Status RenameFile(const std::string& from, const std::string& to);
+
+}  // namespace ferry
+
+#endif  // FERRY_SRC_IO_HPP_

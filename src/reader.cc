@@ -1,0 +1,789 @@
+// Host reader: trailer, footer verification, semantic validation, lookups and host reads.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "codec.hpp"
+#include "format.hpp"
+#include "reader_impl.hpp"
+#include "util.hpp"
+
+namespace ferry {
+
+namespace {
+
+uint64_t LoadU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;  // the format is little-endian, as is every platform this builds for
+}
+
+std::string_view Sv(const flatbuffers::String* s) {
+  return s == nullptr ? std::string_view() : std::string_view(s->data(), s->size());
+}
+
+// Validation context: accumulates the position for messages.
+struct Validator {
+  const std::string& path;
+  uint64_t footer_offset;
+
+  Status Fail(const std::string& what) const {
+    return Error(StatusCode::kDataLoss, path, ": corrupt footer (starts at offset ",
+                 footer_offset, "): ", what);
+  }
+
+  Status CheckName(std::string_view name, std::string_view prev, bool first,
+                   const char* kind, size_t index) const {
+    if (name.empty()) return Fail(StrCat(kind, " #", index, " has an empty name"));
+    if (name.size() > format::kMaxNameBytes) {
+      return Fail(StrCat(kind, " #", index, " name is ", name.size(), " bytes (limit ",
+                         format::kMaxNameBytes, ")"));
+    }
+    if (name.find('\0') != std::string_view::npos) {
+      return Fail(StrCat(kind, " #", index, " name contains a NUL byte"));
+    }
+    if (!first && !(prev < name)) {
+      return Fail(StrCat(kind, " #", index, " ", Quote(name),
+                         prev == name ? " is a duplicate" : " is out of sorted order"));
+    }
+    return Status::Ok();
+  }
+
+  Result<uint64_t> CheckShape(const flatbuffers::Vector<int64_t>* shape,
+                              const std::string& where) const {
+    if (shape == nullptr) return uint64_t{1};
+    if (shape->size() > format::kMaxDims) {
+      return Fail(StrCat(where, ": ", shape->size(), " dims (limit ", format::kMaxDims, ")"));
+    }
+    uint64_t numel = 1;
+    for (flatbuffers::uoffset_t d = 0; d < shape->size(); ++d) {
+      int64_t dim = shape->Get(d);
+      if (dim < 0) return Fail(StrCat(where, ": negative dim ", d, " (", dim, ")"));
+      if (MulOverflows(numel, static_cast<uint64_t>(dim), &numel)) {
+        return Fail(StrCat(where, ": element count overflows 64 bits"));
+      }
+    }
+    return numel;
+  }
+
+  Status CheckTensor(const fb::Tensor* t, size_t i, uint64_t data_end) const {
+    std::string where = StrCat("tensor #", i, " ", Quote(Sv(t->name())));
+    auto dtype_value = static_cast<uint8_t>(t->dtype());
+    if (!IsValidDType(dtype_value)) {
+      return Fail(StrCat(where, ": unknown dtype ", int{dtype_value}));
+    }
+    FERRY_ASSIGN_OR_RETURN(uint64_t numel, CheckShape(t->shape(), where));
+    auto expect = StorageBytes(static_cast<DType>(dtype_value), numel);
+    if (!expect) return Fail(StrCat(where, ": byte size overflows 64 bits"));
+    if (t->nbytes() != *expect) {
+      return Fail(StrCat(where, ": nbytes ", t->nbytes(), " but shape and dtype give ", *expect));
+    }
+    uint64_t nbytes = t->nbytes();
+    uint64_t end;
+    if (AddOverflows(t->data_offset(), t->data_size(), &end) || end > data_end) {
+      return Fail(StrCat(where, ": data extent at offset ", t->data_offset(), " size ",
+                         t->data_size(), " runs past the data section end ", data_end));
+    }
+    if (t->data_size() > 0) {
+      if (t->data_offset() < format::kMagicSize) {
+        return Fail(StrCat(where, ": data offset ", t->data_offset(), " overlaps the magic"));
+      }
+      if (t->data_offset() % format::kSmallAlign != 0) {
+        return Fail(StrCat(where, ": data offset ", t->data_offset(), " is not ",
+                           format::kSmallAlign, "-byte aligned"));
+      }
+    }
+    uint64_t nblocks = 0;
+    if (nbytes > 0) {
+      uint64_t bs = t->block_size();
+      if (bs < format::kMinBlockSize || bs > format::kMaxBlockSize) {
+        return Fail(StrCat(where, ": block size ", bs, " outside [", format::kMinBlockSize, ", ",
+                           format::kMaxBlockSize, "]"));
+      }
+      nblocks = nbytes / bs + (nbytes % bs != 0);
+    }
+    uint64_t nsums = t->checksums() ? t->checksums()->size() : 0;
+    if (nsums != nblocks) {
+      return Fail(StrCat(where, ": ", nsums, " checksums for ", nblocks, " blocks"));
+    }
+    uint64_t nchunks = t->chunks() ? t->chunks()->size() : 0;
+    switch (t->encoding()) {
+      case fb::Encoding::RAW:
+        if (t->data_size() != nbytes) {
+          return Fail(StrCat(where, ": raw data size ", t->data_size(), " != nbytes ", nbytes));
+        }
+        if (nchunks != 0) return Fail(StrCat(where, ": raw tensor with a chunk table"));
+        break;
+      case fb::Encoding::ZSTD:
+      case fb::Encoding::SHUFFLE_ZSTD: {
+        if (nchunks != nblocks) {
+          return Fail(StrCat(where, ": ", nchunks, " chunks for ", nblocks, " blocks"));
+        }
+        uint64_t prev_end = 0;
+        for (uint64_t c = 0; c < nchunks; ++c) {
+          const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(c));
+          uint64_t raw = std::min(t->block_size(), nbytes - c * t->block_size());
+          uint64_t cend;
+          if (ch->offset() < prev_end || AddOverflows(ch->offset(), ch->stored_size(), &cend) ||
+              cend > t->data_size()) {
+            return Fail(StrCat(where, ": chunk ", c, " at relative offset ", ch->offset(),
+                               " size ", ch->stored_size(),
+                               " overlaps its predecessor or runs past the tensor's ",
+                               t->data_size(), " stored bytes"));
+          }
+          prev_end = cend;
+          if (ch->codec() == fb::ChunkCodec::STORED) {
+            if (ch->stored_size() != raw) {
+              return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
+                                 " bytes for a ", raw, "-byte block"));
+            }
+          } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
+            if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {
+              return Fail(StrCat(where, ": zstd chunk ", c, " size ", ch->stored_size(),
+                                 " impossible for a ", raw, "-byte block"));
+            }
+          } else {
+            return Fail(StrCat(where, ": chunk ", c, " has unknown codec ",
+                               static_cast<int>(ch->codec())));
+          }
+        }
+        break;
+      }
+      default:
+        return Fail(StrCat(where, ": unknown encoding ", static_cast<int>(t->encoding())));
+    }
+    return Status::Ok();
+  }
+};
+
+template <typename T>
+size_t Count(const flatbuffers::Vector<flatbuffers::Offset<T>>* v) {
+  return v == nullptr ? 0 : v->size();
+}
+
+bool ValidFp8Format(fb::Fp8Format f) { return static_cast<uint8_t>(f) <= 2; }
+
+Status CheckRecipe(const Validator& v, const fb::ScalingState* s, const std::string& where) {
+  switch (s->recipe_type()) {
+    case fb::Recipe::NONE:
+      return Status::Ok();
+    case fb::Recipe::DelayedScaling: {
+      auto* r = s->recipe_as_DelayedScaling();
+      if (r == nullptr) return v.Fail(where + ": missing recipe table");
+      if (!ValidFp8Format(r->fp8_format()) ||
+          static_cast<uint8_t>(r->amax_compute_algo()) > 1) {
+        return v.Fail(where + ": DelayedScaling has an unknown enum value");
+      }
+      return Status::Ok();
+    }
+    case fb::Recipe::Float8CurrentScaling: {
+      auto* r = s->recipe_as_Float8CurrentScaling();
+      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
+        return v.Fail(where + ": bad Float8CurrentScaling");
+      }
+      return Status::Ok();
+    }
+    case fb::Recipe::MXFP8BlockScaling: {
+      auto* r = s->recipe_as_MXFP8BlockScaling();
+      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
+        return v.Fail(where + ": bad MXFP8BlockScaling");
+      }
+      return Status::Ok();
+    }
+    case fb::Recipe::Float8BlockScaling: {
+      auto* r = s->recipe_as_Float8BlockScaling();
+      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
+        return v.Fail(where + ": bad Float8BlockScaling");
+      }
+      return Status::Ok();
+    }
+    case fb::Recipe::NVFP4BlockScaling:
+      if (s->recipe_as_NVFP4BlockScaling() == nullptr) return v.Fail(where + ": bad NVFP4");
+      return Status::Ok();
+    case fb::Recipe::CustomRecipe:
+      if (s->recipe_as_CustomRecipe() == nullptr) return v.Fail(where + ": bad CustomRecipe");
+      return Status::Ok();
+    default:
+      return v.Fail(StrCat(where, ": unknown recipe type ", static_cast<int>(s->recipe_type())));
+  }
+}
+
+Status CheckScaling(const Validator& v, const fb::Checkpoint* ck) {
+  auto* states = ck->scaling();
+  std::string_view prev;
+  for (size_t i = 0; i < Count(states); ++i) {
+    auto* s = states->Get(static_cast<flatbuffers::uoffset_t>(i));
+    std::string_view module = Sv(s->module_());
+    FERRY_RETURN_IF_ERROR(v.CheckName(module, prev, i == 0, "scaling state", i));
+    prev = module;
+    std::string where = StrCat("scaling state ", Quote(module));
+    FERRY_RETURN_IF_ERROR(CheckRecipe(v, s, where));
+    for (size_t d = 0; d < Count(s->states()); ++d) {
+      auto* ds = s->states()->Get(static_cast<flatbuffers::uoffset_t>(d));
+      std::string dwhere = StrCat(where, " direction #", d);
+      if (static_cast<uint8_t>(ds->direction()) > 1) return v.Fail(dwhere + ": bad direction");
+      uint64_t slots = ds->slot_roles() ? ds->slot_roles()->size() : 0;
+      if (ds->slot_roles()) {
+        for (auto role : *ds->slot_roles()) {
+          if (static_cast<uint8_t>(role) > 4) return v.Fail(dwhere + ": unknown slot role");
+        }
+      }
+      uint64_t nscale = ds->scale() ? ds->scale()->size() : 0;
+      if (nscale != slots) {
+        return v.Fail(StrCat(dwhere, ": ", nscale, " scales for ", slots, " slots"));
+      }
+      if (ds->history_len() < 0) return v.Fail(dwhere + ": negative history length");
+      uint64_t expect;
+      if (MulOverflows(static_cast<uint64_t>(ds->history_len()), slots, &expect)) {
+        return v.Fail(dwhere + ": history size overflows");
+      }
+      uint64_t nhist = ds->amax_history() ? ds->amax_history()->size() : 0;
+      if (nhist != expect) {
+        return v.Fail(StrCat(dwhere, ": amax_history has ", nhist, " entries, expected ",
+                             ds->history_len(), " x ", slots));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Binary search over a name-sorted vector of tables with a string key.
+template <typename T, typename KeyFn>
+int64_t FindSorted(const flatbuffers::Vector<flatbuffers::Offset<T>>* v, std::string_view key,
+                   KeyFn key_of) {
+  if (v == nullptr) return -1;
+  size_t lo = 0, hi = v->size();
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    std::string_view k = Sv(key_of(v->Get(static_cast<flatbuffers::uoffset_t>(mid))));
+    if (k < key) {
+      lo = mid + 1;
+    } else if (key < k) {
+      hi = mid;
+    } else {
+      return static_cast<int64_t>(mid);
+    }
+  }
+  return -1;
+}
+
+Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
+  auto* qs = ck->quantized();
+  std::string_view prev;
+  auto tensor_exists = [&](const flatbuffers::String* name) {
+    return FindSorted(ck->tensors(), Sv(name), [](const fb::Tensor* t) { return t->name(); }) >=
+           0;
+  };
+  for (size_t i = 0; i < Count(qs); ++i) {
+    auto* q = qs->Get(static_cast<flatbuffers::uoffset_t>(i));
+    std::string_view name = Sv(q->name());
+    FERRY_RETURN_IF_ERROR(v.CheckName(name, prev, i == 0, "quantized tensor", i));
+    prev = name;
+    std::string where = StrCat("quantized tensor ", Quote(name));
+    if (!IsValidDType(static_cast<uint8_t>(q->quantized_dtype())) ||
+        !IsValidDType(static_cast<uint8_t>(q->logical_dtype()))) {
+      return v.Fail(where + ": unknown dtype");
+    }
+    if (static_cast<uint8_t>(q->scaling_mode()) > 4) return v.Fail(where + ": bad scaling mode");
+    FERRY_RETURN_IF_ERROR(v.CheckShape(q->shape(), where).status());
+    for (const fb::QuantizedComponent* c : {q->rowwise(), q->columnwise()}) {
+      if (c == nullptr) continue;
+      if (static_cast<uint8_t>(c->scale_layout()) > 1) return v.Fail(where + ": bad layout");
+      for (const flatbuffers::String* ref : {c->data(), c->scale_inv(), c->amax()}) {
+        if (ref == nullptr || (ref != c->data() && ref->size() == 0)) continue;
+        if (!tensor_exists(ref)) {
+          return v.Fail(StrCat(where, ": component tensor ", Quote(Sv(ref)), " is missing"));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
+                                    const std::string& path) {
+  const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
+  if (file_size < min_size) {
+    return Error(StatusCode::kDataLoss, path, ": file is ", file_size,
+                 " bytes, too short for a TensorFerry checkpoint (at least ", min_size, ")");
+  }
+  if (std::memcmp(file, format::kMagic, format::kMagicSize) != 0) {
+    return Error(StatusCode::kDataLoss, path,
+                 ": not a TensorFerry checkpoint (bad magic at offset 0)");
+  }
+  const uint8_t* trailer = file + file_size - format::kTrailerSize;
+  uint64_t trailer_offset = file_size - format::kTrailerSize;
+  if (std::memcmp(trailer + 16, format::kMagic, format::kMagicSize) != 0) {
+    return Error(StatusCode::kDataLoss, path, ": bad trailer magic at offset ",
+                 trailer_offset + 16, " (file truncated or not a TensorFerry checkpoint)");
+  }
+  uint64_t footer_size = LoadU64(trailer);
+  uint64_t footer_sum = LoadU64(trailer + 8);
+  if (footer_size == 0 || footer_size > format::kMaxFooterBytes ||
+      footer_size > trailer_offset - format::kMagicSize) {
+    return Error(StatusCode::kDataLoss, path, ": footer length ", footer_size,
+                 " (trailer at offset ", trailer_offset, ") does not fit the file");
+  }
+  uint64_t footer_offset = trailer_offset - footer_size;
+  if (Checksum64(file + footer_offset, footer_size) != footer_sum) {
+    return Error(StatusCode::kDataLoss, path, ": footer checksum mismatch (footer at offset ",
+                 footer_offset, ", ", footer_size, " bytes)");
+  }
+  return FooterLocation{footer_offset, footer_size};
+}
+
+Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
+                                          const std::string& path) {
+  Validator v{path, data_end};
+  if (size < 8 || size > format::kMaxFooterBytes) return v.Fail(StrCat("size ", size));
+  if (reinterpret_cast<uintptr_t>(footer) % 8 != 0) {
+    return Error(StatusCode::kInternal, path, ": footer buffer is not 8-byte aligned");
+  }
+  if (!fb::CheckpointBufferHasIdentifier(footer)) return v.Fail("missing identifier TFRY");
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = format::kMaxVerifierDepth;
+  // Every table takes at least 8 bytes, so this bounds work by the footer's own size.
+  opts.max_tables = static_cast<flatbuffers::uoffset_t>(size / 8 + 16);
+  opts.check_alignment = true;
+  flatbuffers::Verifier verifier(footer, static_cast<size_t>(size), opts);
+  if (!fb::VerifyCheckpointBuffer(verifier)) {
+    return v.Fail("FlatBuffers verification failed");
+  }
+  const fb::Checkpoint* ck = fb::GetCheckpoint(footer);
+  if (ck->format_version() != kFormatVersion) {
+    return Error(StatusCode::kUnimplemented, path, ": format version ", ck->format_version(),
+                 " (this build reads version ", kFormatVersion, ")");
+  }
+  if (ck->checksum_algo() != fb::ChecksumAlgo::XXH3_64) {
+    return v.Fail(StrCat("unknown checksum algorithm ", static_cast<int>(ck->checksum_algo())));
+  }
+  auto* tensors = ck->tensors();
+  size_t n = Count(tensors);
+  if (n > format::kMaxTensors) {
+    return v.Fail(StrCat(n, " tensors (limit ", format::kMaxTensors, ")"));
+  }
+  std::string_view prev;
+  // Extents of non-empty tensors; overlap check is linear when the writer laid tensors out in
+  // name order and falls back to a sort otherwise.
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  bool monotonic = true;
+  uint64_t last_end = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const fb::Tensor* t = tensors->Get(static_cast<flatbuffers::uoffset_t>(i));
+    std::string_view name = Sv(t->name());
+    FERRY_RETURN_IF_ERROR(v.CheckName(name, prev, i == 0, "tensor", i));
+    prev = name;
+    FERRY_RETURN_IF_ERROR(v.CheckTensor(t, i, data_end));
+    if (t->data_size() == 0) continue;
+    if (t->data_offset() < last_end) monotonic = false;
+    last_end = t->data_offset() + t->data_size();
+    if (extents.empty()) extents.reserve(n);
+    extents.emplace_back(t->data_offset(), last_end);
+  }
+  if (!monotonic) {
+    std::sort(extents.begin(), extents.end());
+    for (size_t i = 1; i < extents.size(); ++i) {
+      if (extents[i].first < extents[i - 1].second) {
+        return v.Fail(StrCat("tensor data extents overlap at offset ", extents[i].first));
+      }
+    }
+  }
+  FERRY_RETURN_IF_ERROR(CheckQuantized(v, ck));
+  FERRY_RETURN_IF_ERROR(CheckScaling(v, ck));
+  auto* md = ck->metadata();
+  prev = {};
+  for (size_t i = 0; i < Count(md); ++i) {
+    std::string_view key = Sv(md->Get(static_cast<flatbuffers::uoffset_t>(i))->key());
+    FERRY_RETURN_IF_ERROR(v.CheckName(key, prev, i == 0, "metadata key", i));
+    prev = key;
+  }
+  return ck;
+}
+
+// ---- Reader::Impl ---------------------------------------------------------------------
+
+size_t Reader::Impl::size() const { return Count(checkpoint->tensors()); }
+
+int64_t Reader::Impl::IndexOf(std::string_view name) const {
+  return FindSorted(checkpoint->tensors(), name, [](const fb::Tensor* t) { return t->name(); });
+}
+
+Result<size_t> Reader::Impl::Lookup(std::string_view name) const {
+  int64_t i = IndexOf(name);
+  if (i < 0) return Error(StatusCode::kNotFound, path, ": no tensor named ", Quote(name));
+  return static_cast<size_t>(i);
+}
+
+std::string Reader::Impl::Where(size_t i) const {
+  return StrCat(path, ": tensor ", Quote(Sv(at(i)->name())));
+}
+
+TensorInfo Reader::Impl::Info(size_t i) const {
+  const fb::Tensor* t = at(i);
+  TensorInfo info;
+  info.name = std::string(Sv(t->name()));
+  info.dtype = static_cast<DType>(t->dtype());
+  if (t->shape()) info.shape.assign(t->shape()->begin(), t->shape()->end());
+  info.nbytes = t->nbytes();
+  info.data_offset = t->data_offset();
+  info.data_size = t->data_size();
+  info.encoding = static_cast<Encoding>(t->encoding());
+  info.block_size = t->block_size();
+  info.index = i;
+  return info;
+}
+
+uint64_t Reader::Impl::NumBlocks(size_t i) const {
+  const fb::Tensor* t = at(i);
+  return t->checksums() ? t->checksums()->size() : 0;
+}
+
+uint64_t Reader::Impl::BlockRawSize(size_t i, uint64_t b) const {
+  const fb::Tensor* t = at(i);
+  uint64_t begin = b * t->block_size();
+  return std::min(t->block_size(), t->nbytes() - begin);
+}
+
+Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const {
+  const fb::Tensor* t = at(i);
+  uint64_t len = BlockRawSize(i, b);
+  uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
+  if (Checksum64(raw, len) != expect) {
+    uint64_t file_offset = t->data_offset();
+    if (t->encoding() == fb::Encoding::RAW) {
+      file_offset += b * t->block_size();
+    } else {
+      file_offset += t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b))->offset();
+    }
+    return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b,
+                 " (raw bytes [", b * t->block_size(), ", ", b * t->block_size() + len,
+                 "), stored at file offset ", file_offset, ")");
+  }
+  return Status::Ok();
+}
+
+Status Reader::Impl::DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch,
+                                 bool verify) const {
+  const fb::Tensor* t = at(i);
+  uint64_t raw = BlockRawSize(i, b);
+  if (t->encoding() == fb::Encoding::RAW) {
+    std::memcpy(dst, base() + t->data_offset() + b * t->block_size(), raw);
+  } else {
+    const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
+    const uint8_t* src = base() + t->data_offset() + ch->offset();
+    bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD;
+    size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
+    uint8_t* out = shuffled && width > 1 ? scratch : dst;
+    if (ch->codec() == fb::ChunkCodec::STORED) {
+      std::memcpy(out, src, raw);
+    } else {
+      Status st = ZstdDecompressExact(src, ch->stored_size(), out, raw);
+      if (!st.ok()) {
+        return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
+                     t->data_offset() + ch->offset(), ": ", st.message());
+      }
+    }
+    if (out != dst) Unshuffle(out, dst, raw, width);
+  }
+  if (verify) return VerifyBlock(i, b, dst);
+  return Status::Ok();
+}
+
+Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
+                               bool verify) const {
+  const fb::Tensor* t = at(i);
+  uint64_t end;
+  if (AddOverflows(begin, len, &end) || end > t->nbytes()) {
+    return Error(StatusCode::kInvalidArgument, Where(i), ": byte range [", begin, ", ",
+                 begin + len, ") outside its ", t->nbytes(), " bytes");
+  }
+  if (len == 0) return Status::Ok();
+  uint64_t bs = t->block_size();
+  if (t->encoding() == fb::Encoding::RAW) {
+    if (verify) {
+      for (uint64_t b = begin / bs; b * bs < end; ++b) {
+        FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, base() + t->data_offset() + b * bs));
+      }
+    }
+    std::memcpy(dst, base() + t->data_offset() + begin, len);
+    return Status::Ok();
+  }
+  std::vector<uint8_t> block, scratch;
+  for (uint64_t b = begin / bs; b * bs < end; ++b) {
+    uint64_t bbegin = b * bs;
+    uint64_t braw = BlockRawSize(i, b);
+    uint64_t lo = std::max(begin, bbegin), hi = std::min(end, bbegin + braw);
+    if (t->encoding() == fb::Encoding::SHUFFLE_ZSTD && scratch.size() < braw) scratch.resize(braw);
+    if (lo == bbegin && hi == bbegin + braw) {
+      FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, dst + (bbegin - begin), scratch.data(), verify));
+    } else {
+      if (block.size() < braw) block.resize(braw);
+      FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, block.data(), scratch.data(), verify));
+      std::memcpy(dst + (lo - begin), block.data() + (lo - bbegin), hi - lo);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::pair<uint64_t, uint64_t>> Reader::Impl::RowRange(size_t i, int64_t row_begin,
+                                                             int64_t row_end) const {
+  const fb::Tensor* t = at(i);
+  if (t->shape() == nullptr || t->shape()->size() == 0) {
+    return Error(StatusCode::kInvalidArgument, Where(i), ": a scalar has no rows");
+  }
+  int64_t rows = t->shape()->Get(0);
+  if (row_begin < 0 || row_end < row_begin || row_end > rows) {
+    return Error(StatusCode::kInvalidArgument, Where(i), ": rows [", row_begin, ", ", row_end,
+                 ") outside [0, ", rows, ")");
+  }
+  if (rows == 0) return std::make_pair(uint64_t{0}, uint64_t{0});
+  uint64_t row_elems = 1;
+  for (flatbuffers::uoffset_t d = 1; d < t->shape()->size(); ++d) {
+    row_elems *= static_cast<uint64_t>(t->shape()->Get(d));  // bounded: validated at open
+  }
+  auto dtype = static_cast<DType>(t->dtype());
+  if (DTypeStorageBits(dtype) == 4 && row_elems % 2 != 0) {
+    return Error(StatusCode::kInvalidArgument, Where(i),
+                 ": rows of an odd number of packed FP4 elements do not start on a byte");
+  }
+  uint64_t row_bytes = *StorageBytes(dtype, row_elems);
+  return std::make_pair(static_cast<uint64_t>(row_begin) * row_bytes,
+                        static_cast<uint64_t>(row_end - row_begin) * row_bytes);
+}
+
+// ---- Reader ---------------------------------------------------------------------------
+
+Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Reader::~Reader() = default;
+
+Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  FERRY_ASSIGN_OR_RETURN(impl->mapping, Mapping::Map(path));
+  const uint8_t* base = impl->mapping->data();
+  uint64_t size = impl->mapping->size();
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, LocateFooter(base, size, path));
+  // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
+  if (loc.offset % 8 != 0) {
+    return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,
+                 " is not 8-byte aligned");
+  }
+  FERRY_ASSIGN_OR_RETURN(impl->checkpoint, ParseFooter(base + loc.offset, loc.size, loc.offset,
+                                                       path));
+  std::shared_ptr<Reader> reader(new Reader(std::move(impl)));
+  if (options.verify_on_open) FERRY_RETURN_IF_ERROR(reader->VerifyAll());
+  return reader;
+}
+
+const std::string& Reader::path() const { return impl_->path; }
+uint64_t Reader::file_size() const { return impl_->mapping->size(); }
+uint32_t Reader::format_version() const { return impl_->checkpoint->format_version(); }
+std::string Reader::producer() const { return std::string(Sv(impl_->checkpoint->producer())); }
+size_t Reader::num_tensors() const { return impl_->size(); }
+TensorInfo Reader::tensor(size_t i) const { return impl_->Info(i); }
+
+Result<TensorInfo> Reader::Find(std::string_view name) const {
+  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
+  return impl_->Info(i);
+}
+
+std::vector<std::string> Reader::names() const {
+  std::vector<std::string> out;
+  out.reserve(impl_->size());
+  for (size_t i = 0; i < impl_->size(); ++i) out.emplace_back(Sv(impl_->at(i)->name()));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> Reader::metadata() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto* md = impl_->checkpoint->metadata();
+  for (size_t i = 0; i < Count(md); ++i) {
+    auto* kv = md->Get(static_cast<flatbuffers::uoffset_t>(i));
+    out.emplace_back(Sv(kv->key()), Sv(kv->value()));
+  }
+  return out;
+}
+
+std::optional<std::string> Reader::metadata(std::string_view key) const {
+  auto* md = impl_->checkpoint->metadata();
+  int64_t i = FindSorted(md, key, [](const fb::KeyValue* kv) { return kv->key(); });
+  if (i < 0) return std::nullopt;
+  return std::string(Sv(md->Get(static_cast<flatbuffers::uoffset_t>(i))->value()));
+}
+
+namespace {
+template <typename T>
+std::vector<T> Copy(const flatbuffers::Vector<T>* v) {
+  return v == nullptr ? std::vector<T>() : std::vector<T>(v->begin(), v->end());
+}
+
+std::optional<QuantizedComponent> ToComponent(const fb::QuantizedComponent* c) {
+  if (c == nullptr) return std::nullopt;
+  QuantizedComponent out;
+  out.data = std::string(Sv(c->data()));
+  out.scale_inv = std::string(Sv(c->scale_inv()));
+  out.scale_layout = static_cast<ScaleLayout>(c->scale_layout());
+  out.amax = std::string(Sv(c->amax()));
+  return out;
+}
+
+Recipe ToRecipe(const fb::ScalingState* s) {
+  switch (s->recipe_type()) {
+    case fb::Recipe::DelayedScaling: {
+      auto* r = s->recipe_as_DelayedScaling();
+      DelayedScaling d;
+      d.margin = r->margin();
+      d.fp8_format = static_cast<Fp8Format>(r->fp8_format());
+      d.amax_history_len = r->amax_history_len();
+      d.amax_compute_algo = static_cast<AmaxComputeAlgo>(r->amax_compute_algo());
+      d.reduce_amax = r->reduce_amax();
+      d.fp8_dpa = r->fp8_dpa();
+      d.fp8_mha = r->fp8_mha();
+      return d;
+    }
+    case fb::Recipe::Float8CurrentScaling: {
+      auto* r = s->recipe_as_Float8CurrentScaling();
+      return Float8CurrentScaling{static_cast<Fp8Format>(r->fp8_format()), r->fp8_dpa(),
+                                  r->fp8_mha()};
+    }
+    case fb::Recipe::MXFP8BlockScaling:
+      return MXFP8BlockScaling{
+          static_cast<Fp8Format>(s->recipe_as_MXFP8BlockScaling()->fp8_format())};
+    case fb::Recipe::Float8BlockScaling: {
+      auto* r = s->recipe_as_Float8BlockScaling();
+      return Float8BlockScaling{static_cast<Fp8Format>(r->fp8_format()),
+                                r->x_block_scaling_dim(), r->w_block_scaling_dim(),
+                                r->grad_block_scaling_dim()};
+    }
+    case fb::Recipe::NVFP4BlockScaling: {
+      auto* r = s->recipe_as_NVFP4BlockScaling();
+      return NVFP4BlockScaling{r->disable_rht(), r->disable_stochastic_rounding(),
+                               r->disable_2d_quantization()};
+    }
+    case fb::Recipe::CustomRecipe: {
+      auto* r = s->recipe_as_CustomRecipe();
+      return CustomRecipe{std::string(Sv(r->name())), std::string(Sv(r->qfactory()))};
+    }
+    default:
+      return std::monostate{};
+  }
+}
+}  // namespace
+
+std::vector<QuantizedTensor> Reader::quantized() const {
+  std::vector<QuantizedTensor> out;
+  auto* qs = impl_->checkpoint->quantized();
+  for (size_t i = 0; i < Count(qs); ++i) {
+    auto* q = qs->Get(static_cast<flatbuffers::uoffset_t>(i));
+    QuantizedTensor t;
+    t.name = std::string(Sv(q->name()));
+    t.quantized_dtype = static_cast<DType>(q->quantized_dtype());
+    t.logical_dtype = static_cast<DType>(q->logical_dtype());
+    t.shape = Copy(q->shape());
+    t.scaling_mode = static_cast<ScalingMode>(q->scaling_mode());
+    t.rowwise = ToComponent(q->rowwise());
+    t.columnwise = ToComponent(q->columnwise());
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<ScalingState> Reader::scaling_states() const {
+  std::vector<ScalingState> out;
+  auto* ss = impl_->checkpoint->scaling();
+  for (size_t i = 0; i < Count(ss); ++i) {
+    auto* s = ss->Get(static_cast<flatbuffers::uoffset_t>(i));
+    ScalingState state;
+    state.module = std::string(Sv(s->module_()));
+    state.recipe = ToRecipe(s);
+    for (size_t d = 0; d < Count(s->states()); ++d) {
+      auto* ds = s->states()->Get(static_cast<flatbuffers::uoffset_t>(d));
+      DirectionState dir;
+      dir.direction = static_cast<Direction>(ds->direction());
+      dir.num_gemms = ds->num_gemms();
+      if (ds->slot_roles()) {
+        for (auto r : *ds->slot_roles()) dir.slot_roles.push_back(static_cast<SlotRole>(r));
+      }
+      dir.scale = Copy(ds->scale());
+      dir.amax_history = Copy(ds->amax_history());
+      dir.history_len = ds->history_len();
+      state.states.push_back(std::move(dir));
+    }
+    out.push_back(std::move(state));
+  }
+  return out;
+}
+
+Result<HostView> Reader::View(std::string_view name, ReadOptions options) const {
+  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
+  const fb::Tensor* t = impl_->at(i);
+  if (t->encoding() != fb::Encoding::RAW) {
+    return Error(StatusCode::kUnimplemented, impl_->Where(i), ": is stored ",
+                 EncodingName(static_cast<Encoding>(t->encoding())),
+                 "; a zero-copy view needs raw encoding (use ReadInto)");
+  }
+  if (options.verify) {
+    for (uint64_t b = 0; b < impl_->NumBlocks(i); ++b) {
+      FERRY_RETURN_IF_ERROR(
+          impl_->VerifyBlock(i, b, impl_->base() + t->data_offset() + b * t->block_size()));
+    }
+  }
+  HostView view;
+  view.data = t->nbytes() ? impl_->base() + t->data_offset() : nullptr;
+  view.nbytes = t->nbytes();
+  view.info = impl_->Info(i);
+  view.keepalive = impl_->mapping;
+  return view;
+}
+
+Status Reader::ReadInto(std::string_view name, void* dst, uint64_t dst_size,
+                        ReadOptions options) const {
+  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
+  uint64_t nbytes = impl_->at(i)->nbytes();
+  if (dst_size < nbytes || (dst == nullptr && nbytes > 0)) {
+    return Error(StatusCode::kInvalidArgument, impl_->Where(i), ": needs ", nbytes,
+                 " bytes, destination holds ", dst_size);
+  }
+  return impl_->ReadRange(i, 0, nbytes, static_cast<uint8_t*>(dst), options.verify);
+}
+
+Status Reader::ReadRowsInto(std::string_view name, int64_t row_begin, int64_t row_end,
+                            void* dst, uint64_t dst_size, ReadOptions options) const {
+  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
+  FERRY_ASSIGN_OR_RETURN(auto range, impl_->RowRange(i, row_begin, row_end));
+  if (dst_size < range.second || (dst == nullptr && range.second > 0)) {
+    return Error(StatusCode::kInvalidArgument, impl_->Where(i), ": rows need ", range.second,
+                 " bytes, destination holds ", dst_size);
+  }
+  return impl_->ReadRange(i, range.first, range.second, static_cast<uint8_t*>(dst),
+                          options.verify);
+}
+
+Status Reader::Verify(std::string_view name) const {
+  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
+  const fb::Tensor* t = impl_->at(i);
+  std::vector<uint8_t> block, scratch;
+  for (uint64_t b = 0; b < impl_->NumBlocks(i); ++b) {
+    if (t->encoding() == fb::Encoding::RAW) {
+      FERRY_RETURN_IF_ERROR(
+          impl_->VerifyBlock(i, b, impl_->base() + t->data_offset() + b * t->block_size()));
+    } else {
+      uint64_t raw = impl_->BlockRawSize(i, b);
+      block.resize(raw);
+      scratch.resize(raw);
+      FERRY_RETURN_IF_ERROR(impl_->DecodeBlock(i, b, block.data(), scratch.data(), true));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Reader::VerifyAll() const {
+  for (size_t i = 0; i < impl_->size(); ++i) {
+    FERRY_RETURN_IF_ERROR(Verify(Sv(impl_->at(i)->name())));
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry

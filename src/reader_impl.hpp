@@ -1,0 +1,64 @@
+// Reader internals shared by the host reader, the CUDA loader and the C API.
+#ifndef FERRY_SRC_READER_IMPL_HPP_
+#define FERRY_SRC_READER_IMPL_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "ferry_generated.h"
+#include "io.hpp"
+
+namespace ferry {
+
+// Parses and validates a footer held in memory. `data_end` is the file offset where the
+// footer starts (every tensor extent must end at or before it). This is the entry point
+// fuzzers drive; it performs no I/O and trusts nothing in `footer`.
+Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
+                                          const std::string& path);
+
+// Locates and checks the trailer of a whole file image; returns the footer's offset and size.
+struct FooterLocation {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
+                                    const std::string& path);
+
+class Reader::Impl {
+ public:
+  std::string path;
+  std::shared_ptr<Mapping> mapping;
+  const fb::Checkpoint* checkpoint = nullptr;
+
+  const uint8_t* base() const { return mapping->data(); }
+  size_t size() const;
+  const fb::Tensor* at(size_t i) const { return checkpoint->tensors()->Get(i); }
+  // Index of `name`, or -1.
+  int64_t IndexOf(std::string_view name) const;
+  Result<size_t> Lookup(std::string_view name) const;
+  TensorInfo Info(size_t i) const;
+  uint64_t NumBlocks(size_t i) const;
+  // Raw length of block b of tensor i.
+  uint64_t BlockRawSize(size_t i, uint64_t b) const;
+
+  // Decodes block b of tensor i into dst (BlockRawSize bytes), verifying its checksum when
+  // asked. `scratch` must hold BlockRawSize bytes for SHUFFLE_ZSTD tensors (else unused).
+  Status DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch, bool verify) const;
+  Status VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const;
+  // Copies raw bytes [begin, begin + len) of tensor i into dst, decoding as needed.
+  Status ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, bool verify) const;
+  // Byte range of rows [row_begin, row_end) of dim 0.
+  Result<std::pair<uint64_t, uint64_t>> RowRange(size_t i, int64_t row_begin,
+                                                 int64_t row_end) const;
+
+  // "<path>: tensor 'name'" for messages.
+  std::string Where(size_t i) const;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SRC_READER_IMPL_HPP_
