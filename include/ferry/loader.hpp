@@ -1,0 +1,139 @@
+// TensorFerry loader: checkpoint tensors onto the caller's current CUDA device, on the caller's
+// stream, through a small reusable pinned staging ring; or into host memory.
+//
+// Device rules (the reason this library exists):
+// - The target device is cudaGetDevice() of the calling thread at the time of the call. The
+//   loader never calls cudaSetDevice on the caller's thread, and never allocates, copies or
+//   creates a context on any other device. Its worker threads set the captured device before
+//   their first CUDA call, so no thread falls back to device 0.
+// - Copies are enqueued on the caller's stream (default: the legacy default stream of the
+//   current device, i.e. nullptr). The loader never calls cudaDeviceSynchronize and never
+//   synchronizes the stream per chunk: staging buffers are recycled through CUDA events.
+//
+// Handles and threads: a Loader is owned by its creator (std::unique_ptr). Calls on one Loader
+// are serialized internally (a second concurrent call waits); use one Loader per thread for
+// parallel loads. Its pinned staging memory is allocated on first device use and freed by the
+// destructor after the loader's in-flight copies complete (it waits on its own events only).
+// Destroy Loaders before the CUDA context goes away (not from static destructors).
+#ifndef FERRY_LOADER_HPP_
+#define FERRY_LOADER_HPP_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+struct CUstream_st;
+
+namespace ferry {
+
+// Same type as cudaStream_t / CUstream, without including CUDA headers.
+using Stream = CUstream_st*;
+
+// True when this build has the CUDA loader and a device is usable (any CUDA error: false).
+FERRY_API bool CudaAvailable();
+
+// Device memory from the caller's allocator (e.g. a framework's caching allocator). Called on
+// the loading thread with the target device current; memory must be usable in stream order on
+// `stream`. `allocate` returns nullptr on failure.
+struct DeviceAllocator {
+  std::function<void*(uint64_t bytes, Stream stream)> allocate;
+  std::function<void(void* ptr, uint64_t bytes, Stream stream)> deallocate;
+};
+
+// How page-cache-resident data reaches the GPU.
+enum class HostPath : uint8_t {
+  kAuto = 0,     // choose per load (see docs/LOADER.md)
+  kStaging = 1,  // CPU copies from the mapping into the pinned ring, then DMA
+  kRegister = 2  // cudaHostRegister(ReadOnly) the mapped file, DMA straight from page cache
+};
+
+enum class PinnedAlloc : uint8_t {
+  kHostRegister = 0,  // malloc + prefault + cudaHostRegister (measured faster to set up)
+  kHostAlloc = 1      // cudaHostAlloc
+};
+
+struct LoaderOptions {
+  // Total pinned staging memory, split into slots of chunk_bytes.
+  uint64_t staging_bytes = uint64_t{64} << 20;
+  // Bytes per staging slot and per DMA; small tensors are packed into one slot when their
+  // destinations are contiguous.
+  uint64_t chunk_bytes = uint64_t{4} << 20;
+  // CPU worker threads (copy, decode, verify). 0: min(8, hardware threads).
+  int threads = 0;
+  HostPath host_path = HostPath::kAuto;
+  PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
+  // Check block checksums while loading.
+  bool verify = false;
+};
+
+// One tensor (or a row range of one) to load. With `dst` null the loader allocates;
+// otherwise `dst` must hold `dst_bytes` >= the bytes loaded, on the target (device memory of
+// the current device for device loads, host memory for host loads).
+struct LoadRequest {
+  std::string name;
+  int64_t row_begin = 0;
+  int64_t row_end = -1;  // -1: through the last row
+  void* dst = nullptr;
+  uint64_t dst_bytes = 0;
+};
+
+// A loaded tensor. `info.shape` reflects a row range. When the loader allocated the memory,
+// `owner` frees it (through the caller's allocator, on the load stream, or std::free for host)
+// once the last copy of `owner` is dropped; with a caller-provided `dst`, `owner` is null.
+struct LoadedTensor {
+  TensorInfo info;
+  void* data = nullptr;
+  uint64_t nbytes = 0;
+  int device = -1;  // CUDA device ordinal, or -1 for host memory
+  std::shared_ptr<void> owner;
+};
+
+// Figures of the last load, for benchmarks and logs.
+struct LoadStats {
+  uint64_t bytes = 0;          // raw bytes delivered
+  uint64_t copies = 0;         // cudaMemcpyAsync calls (device) or memcpy pieces (host)
+  uint64_t pinned_bytes = 0;   // pinned staging memory held by the loader
+  bool used_register = false;  // the page-cache registration path was taken
+  double seconds = 0;          // wall time of the call
+};
+
+class FERRY_API Loader {
+ public:
+  static Result<std::unique_ptr<Loader>> Create(LoaderOptions options = {});
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Enqueues every copy on `stream` and returns; data is ready once `stream` reaches this
+  // point. Staging slots are reused as their events complete, so the call itself blocks on
+  // CPU work and on slot reuse, never on the stream as a whole. Empty `requests`: every tensor.
+  Result<std::vector<LoadedTensor>> LoadAsync(const Reader& reader,
+                                              const std::vector<LoadRequest>& requests,
+                                              Stream stream = nullptr,
+                                              const DeviceAllocator* allocator = nullptr);
+  // As LoadAsync, then waits for `stream` (cudaStreamSynchronize of that stream only).
+  Result<std::vector<LoadedTensor>> Load(const Reader& reader,
+                                         const std::vector<LoadRequest>& requests,
+                                         Stream stream = nullptr,
+                                         const DeviceAllocator* allocator = nullptr);
+  // Host memory target; needs no GPU. Parallel over the worker threads.
+  Result<std::vector<LoadedTensor>> LoadToHost(const Reader& reader,
+                                               const std::vector<LoadRequest>& requests);
+
+  LoadStats last_stats() const;
+  const LoaderOptions& options() const;
+
+  class Impl;
+
+ private:
+  explicit Loader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_LOADER_HPP_

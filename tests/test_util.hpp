@@ -1,0 +1,49 @@
+// Shared helpers for the GoogleTest suites.
+#ifndef FERRY_TESTS_TEST_UTIL_HPP_
+#define FERRY_TESTS_TEST_UTIL_HPP_
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::testing {
+
+// A fresh directory under TMPDIR, removed with its contents at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_test_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> out(n);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    __builtin_memcpy(&out[i], &v, 8);
+  }
+  for (; i < n; ++i) out[i] = static_cast<uint8_t>(rng());
+  return out;
+}
+
+}  // namespace ferry::testing
+
+#endif  // FERRY_TESTS_TEST_UTIL_HPP_
