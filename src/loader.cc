@@ -1,0 +1,724 @@
+// The loader: plan pieces, move them through a pinned staging ring (or straight from a
+// registered page cache) onto the caller's device and stream, or into host memory.
+#include "ferry/loader.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "reader_impl.hpp"
+#include "util.hpp"
+#include "worker_pool.hpp"
+
+#ifdef FERRY_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace ferry {
+
+namespace {
+
+constexpr uint64_t kDeviceAlign = 256;
+// Tensors below this size share one default allocation so their copies coalesce.
+constexpr uint64_t kArenaTensorLimit = uint64_t{1} << 20;
+
+struct Resolved {
+  size_t tensor = 0;
+  uint64_t begin = 0;  // raw byte range within the tensor
+  uint64_t len = 0;
+  uint64_t file_offset = 0;  // for ordering reads
+  TensorInfo info;
+  uint8_t* dst = nullptr;
+};
+
+struct Piece {
+  uint32_t r;        // index into the resolved list
+  uint64_t begin;    // raw byte offset within the tensor
+  uint64_t len;
+  uint64_t dst_off;  // offset within the resolved destination
+};
+
+struct Batch {
+  uint32_t first, last;  // pieces [first, last)
+};
+
+int DefaultThreads() {
+  unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 8));
+}
+
+// Resolves requests (all tensors when empty) against the reader, sorted by file offset so
+// reads stream through the file.
+Result<std::vector<Resolved>> Resolve(const Reader::Impl& r,
+                                      const std::vector<LoadRequest>& requests,
+                                      std::vector<size_t>* request_order) {
+  std::vector<Resolved> out;
+  if (requests.empty()) {
+    out.resize(r.size());
+    for (size_t i = 0; i < r.size(); ++i) {
+      out[i].tensor = i;
+      out[i].len = r.at(i)->nbytes();
+    }
+  } else {
+    out.resize(requests.size());
+    for (size_t k = 0; k < requests.size(); ++k) {
+      const LoadRequest& q = requests[k];
+      FERRY_ASSIGN_OR_RETURN(out[k].tensor, r.Lookup(q.name));
+      const fb::Tensor* t = r.at(out[k].tensor);
+      if (q.row_begin == 0 && q.row_end < 0) {
+        out[k].len = t->nbytes();
+      } else {
+        int64_t rows = t->shape() && t->shape()->size() ? t->shape()->Get(0) : 0;
+        int64_t row_end = q.row_end < 0 ? rows : q.row_end;
+        FERRY_ASSIGN_OR_RETURN(auto range, r.RowRange(out[k].tensor, q.row_begin, row_end));
+        out[k].begin = range.first;
+        out[k].len = range.second;
+      }
+      if (q.dst != nullptr && q.dst_bytes < out[k].len) {
+        return Error(StatusCode::kInvalidArgument, r.Where(out[k].tensor), ": needs ",
+                     out[k].len, " bytes, destination holds ", q.dst_bytes);
+      }
+      out[k].dst = static_cast<uint8_t*>(q.dst);
+    }
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    out[k].info = r.Info(out[k].tensor);
+    out[k].file_offset = out[k].info.data_offset + out[k].begin;
+    if (!requests.empty()) {
+      const LoadRequest& q = requests[k];
+      if (!(q.row_begin == 0 && q.row_end < 0)) {
+        int64_t rows = out[k].info.shape[0];
+        out[k].info.shape[0] = (q.row_end < 0 ? rows : q.row_end) - q.row_begin;
+      }
+    }
+  }
+  request_order->resize(out.size());
+  for (size_t k = 0; k < out.size(); ++k) (*request_order)[k] = k;
+  std::stable_sort(request_order->begin(), request_order->end(), [&](size_t a, size_t b) {
+    return out[a].file_offset < out[b].file_offset;
+  });
+  return out;
+}
+
+// Splits every resolved range into pieces of at most `max_piece` bytes whose boundaries fall
+// on multiples of the piece size within the tensor, so block checksums and zstd blocks are
+// handled whole whenever the piece size divides the block size.
+std::vector<Piece> MakePieces(const std::vector<Resolved>& res, const std::vector<size_t>& order,
+                              uint64_t max_piece) {
+  std::vector<Piece> pieces;
+  for (size_t k : order) {
+    const Resolved& r = res[k];
+    uint64_t step = max_piece;
+    if (r.info.block_size > 0) step = std::min(step, r.info.block_size);
+    uint64_t pos = r.begin, end = r.begin + r.len;
+    while (pos < end) {
+      uint64_t next = std::min(end, (pos / step + 1) * step);
+      pieces.push_back(Piece{static_cast<uint32_t>(k), pos, next - pos, pos - r.begin});
+      pos = next;
+    }
+  }
+  return pieces;
+}
+
+// Groups consecutive pieces into batches that fit one staging slot.
+std::vector<Batch> MakeBatches(const std::vector<Piece>& pieces, uint64_t slot_bytes) {
+  std::vector<Batch> batches;
+  uint64_t used = 0;
+  for (uint32_t i = 0; i < pieces.size(); ++i) {
+    uint64_t need = AlignUp(pieces[i].len, 64);
+    if (batches.empty() || used + need > slot_bytes) {
+      batches.push_back(Batch{i, i + 1});
+      used = need;
+    } else {
+      batches.back().last = i + 1;
+      used += need;
+    }
+  }
+  return batches;
+}
+
+// First error wins; later ones are dropped (they are usually consequences).
+class ErrorSlot {
+ public:
+  void Set(Status st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(st);
+    failed_.store(true);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  Status Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  Status status_;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace
+
+#ifdef FERRY_HAVE_CUDA
+namespace {
+
+Status CudaStatus(cudaError_t err, const std::string& where, const char* what) {
+  return Error(StatusCode::kCudaError, where, ": ", what, " failed: ", cudaGetErrorName(err),
+               " (", cudaGetErrorString(err), ")");
+}
+
+#define FERRY_CUDA_RETURN(call, where)                             \
+  do {                                                             \
+    cudaError_t _ferry_err = (call);                               \
+    if (_ferry_err != cudaSuccess) return CudaStatus(_ferry_err, where, #call); \
+  } while (0)
+
+// Driver context calls, fetched through the runtime so the library has no link-time
+// dependency on libcuda (CI machines have no driver).
+struct DriverApi {
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*ctx_push)(CUcontext) = nullptr;
+  CUresult (*ctx_pop)(CUcontext*) = nullptr;
+  bool ok = false;
+};
+
+const DriverApi& Driver() {
+  static const DriverApi api = [] {
+    DriverApi a;
+    cudaDriverEntryPointQueryResult q;
+    auto get = [&](const char* name, void** fn) {
+      return cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q) ==
+                 cudaSuccess &&
+             q == cudaDriverEntryPointSuccess;
+    };
+    a.ok = get("cuCtxGetCurrent", reinterpret_cast<void**>(&a.ctx_get_current)) &&
+           get("cuCtxSetCurrent", reinterpret_cast<void**>(&a.ctx_set_current)) &&
+           get("cuCtxPushCurrent", reinterpret_cast<void**>(&a.ctx_push)) &&
+           get("cuCtxPopCurrent", reinterpret_cast<void**>(&a.ctx_pop));
+    return a;
+  }();
+  return api;
+}
+
+// Makes `ctx` current on this thread for a scope and restores whatever was current before
+// (possibly nothing), so a deleter running on an arbitrary thread never lands on device 0.
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext ctx) : pushed_(false) {
+    const DriverApi& d = Driver();
+    if (d.ok && ctx != nullptr && d.ctx_push(ctx) == CUDA_SUCCESS) pushed_ = true;
+  }
+  ~ScopedContext() {
+    if (pushed_) {
+      CUcontext ignored;
+      Driver().ctx_pop(&ignored);
+    }
+  }
+
+ private:
+  bool pushed_;
+};
+
+struct Slot {
+  uint8_t* data = nullptr;
+  cudaEvent_t event = nullptr;
+  bool used = false;
+  uint64_t turn = 0;
+};
+
+}  // namespace
+#endif  // FERRY_HAVE_CUDA
+
+class Loader::Impl {
+ public:
+  LoaderOptions options;
+  std::mutex call_mu;
+  std::unique_ptr<WorkerPool> pool;
+  LoadStats stats;
+
+#ifdef FERRY_HAVE_CUDA
+  // Pinned ring, allocated on first device load in the caller's context.
+  uint8_t* ring = nullptr;
+  uint64_t ring_bytes = 0;
+  bool ring_registered = false;  // malloc + cudaHostRegister (else cudaHostAlloc)
+  std::vector<Slot> slots;
+  CUcontext events_ctx = nullptr;  // events belong to one context; remade on change
+  int device = -1;
+  cudaEvent_t tail = nullptr;  // recorded after each load's last copy
+  std::shared_ptr<Mapping> registered;  // mapping registered for direct DMA
+
+  std::mutex slot_mu;
+  std::condition_variable slot_cv;
+
+  ~Impl() { ReleaseCuda(); }
+
+  void WaitInFlight() {
+    for (Slot& s : slots) {
+      if (s.used) cudaEventSynchronize(s.event);
+      s.used = false;
+    }
+    if (tail) cudaEventSynchronize(tail);
+  }
+
+  void ReleaseEvents() {
+    ScopedContext scope(events_ctx);
+    WaitInFlight();
+    for (Slot& s : slots) {
+      if (s.event) cudaEventDestroy(s.event);
+      s.event = nullptr;
+    }
+    if (tail) cudaEventDestroy(tail);
+    tail = nullptr;
+  }
+
+  void Unregister() {
+    if (!registered) return;
+    ScopedContext scope(events_ctx);
+    if (tail) cudaEventSynchronize(tail);
+    cudaHostUnregister(const_cast<uint8_t*>(registered->data()));
+    registered.reset();
+  }
+
+  void ReleaseCuda() {
+    if (events_ctx == nullptr && ring == nullptr) return;
+    ScopedContext scope(events_ctx);
+    Unregister();
+    ReleaseEvents();
+    if (ring != nullptr) {
+      if (ring_registered) {
+        cudaHostUnregister(ring);
+        std::free(ring);
+      } else {
+        cudaFreeHost(ring);
+      }
+      ring = nullptr;
+    }
+    slots.clear();
+  }
+
+  // Ring and events for the caller's current context.
+  Status PrepareDevice(CUcontext ctx) {
+    if (ring == nullptr) {
+      uint64_t nslots = std::max<uint64_t>(2, options.staging_bytes / options.chunk_bytes);
+      ring_bytes = nslots * options.chunk_bytes;
+      if (options.pinned_alloc == PinnedAlloc::kHostAlloc) {
+        void* p = nullptr;
+        FERRY_CUDA_RETURN(cudaHostAlloc(&p, ring_bytes, cudaHostAllocPortable), "staging ring");
+        ring = static_cast<uint8_t*>(p);
+        ring_registered = false;
+      } else {
+        void* p = std::aligned_alloc(4096, ring_bytes);
+        if (p == nullptr) {
+          return Error(StatusCode::kResourceExhausted, "staging ring of ", ring_bytes, " bytes");
+        }
+        // Touch every page first: registering prefaulted memory is measurably faster.
+        std::memset(p, 0, ring_bytes);
+        cudaError_t err = cudaHostRegister(p, ring_bytes, cudaHostRegisterPortable);
+        if (err != cudaSuccess) {
+          std::free(p);
+          return CudaStatus(err, "staging ring", "cudaHostRegister");
+        }
+        ring = static_cast<uint8_t*>(p);
+        ring_registered = true;
+      }
+      slots.resize(nslots);
+      for (uint64_t i = 0; i < nslots; ++i) slots[i].data = ring + i * options.chunk_bytes;
+    }
+    if (events_ctx != ctx) {
+      if (events_ctx != nullptr) {
+        Unregister();
+        ReleaseEvents();
+      }
+      for (Slot& s : slots) {
+        FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming),
+                          "staging events");
+        s.used = false;
+      }
+      FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&tail, cudaEventDisableTiming), "tail event");
+      events_ctx = ctx;
+    }
+    return Status::Ok();
+  }
+
+  Status RegisterMapping(const std::shared_ptr<Mapping>& mapping) {
+    if (registered == mapping) return Status::Ok();
+    Unregister();
+    if (mapping->size() == 0) return Status::Ok();
+    cudaError_t err =
+        cudaHostRegister(const_cast<uint8_t*>(mapping->data()), mapping->size(),
+                         cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky; clear it so later calls are unaffected
+      return CudaStatus(err, mapping->path(), "cudaHostRegister(ReadOnly) of the mapping");
+    }
+    registered = mapping;
+    return Status::Ok();
+  }
+
+  Result<std::vector<LoadedTensor>> DeviceLoad(const Reader& reader,
+                                               const std::vector<LoadRequest>& requests,
+                                               Stream stream, const DeviceAllocator* alloc) {
+    const Reader::Impl& r = reader.impl();
+    auto t0 = std::chrono::steady_clock::now();
+    cudaStream_t cstream = reinterpret_cast<cudaStream_t>(stream);
+    int dev = -1;
+    FERRY_CUDA_RETURN(cudaGetDevice(&dev), r.path);
+    // Makes the caller's current device's context current on this thread if the thread has
+    // none yet; that is the caller's device, never another.
+    FERRY_CUDA_RETURN(cudaFree(nullptr), r.path);
+    CUcontext ctx = nullptr;
+    if (Driver().ok) Driver().ctx_get_current(&ctx);
+    FERRY_RETURN_IF_ERROR(PrepareDevice(ctx));
+    device = dev;
+
+    std::vector<size_t> order;
+    FERRY_ASSIGN_OR_RETURN(std::vector<Resolved> res, Resolve(r, requests, &order));
+    std::vector<LoadedTensor> out(res.size());
+    FERRY_RETURN_IF_ERROR(AllocateDevice(r, res, order, out, cstream, alloc, ctx, dev));
+
+    bool use_register = options.host_path == HostPath::kRegister ||
+                        (options.host_path == HostPath::kAuto && registered == r.mapping);
+    if (use_register) FERRY_RETURN_IF_ERROR(RegisterMapping(r.mapping));
+
+    // Raw pieces go straight from the registered mapping; everything else is staged.
+    std::vector<Piece> all = MakePieces(res, order, options.chunk_bytes);
+    std::vector<Piece> direct, staged;
+    for (const Piece& p : all) {
+      bool raw = res[p.r].info.encoding == Encoding::kRaw;
+      (use_register && raw ? direct : staged).push_back(p);
+    }
+    std::vector<Batch> batches = MakeBatches(staged, options.chunk_bytes);
+
+    ErrorSlot error;
+    std::atomic<uint64_t> next_direct{0}, next_batch{0}, copies{0};
+    const uint64_t nslots = slots.size();
+    // Batch k uses slot k % nslots; slot.turn says which batch may take it next.
+    for (uint64_t i = 0; i < nslots; ++i) slots[i].turn = i;
+    const bool verify = options.verify;
+
+    pool->Run([&](int) {
+      // The worker's first CUDA call must find the caller's context, or the runtime would
+      // create one on device 0.
+      if (Driver().ok && ctx != nullptr) {
+        Driver().ctx_set_current(ctx);
+      } else if (cudaSetDevice(dev) != cudaSuccess) {
+        error.Set(Error(StatusCode::kCudaError, r.path, ": cudaSetDevice on a worker"));
+        return;
+      }
+      for (;;) {
+        uint64_t k = next_direct.fetch_add(1);
+        if (k >= direct.size() || error.failed()) break;
+        const Piece& p = direct[k];
+        const Resolved& rr = res[p.r];
+        if (verify) {
+          // Checks the blocks this piece starts, reading them from the page cache.
+          Status st;
+          uint64_t bs = rr.info.block_size;
+          for (uint64_t b = p.begin / bs; st.ok() && b * bs < p.begin + p.len; ++b) {
+            st = r.VerifyBlock(rr.tensor, b, r.base() + rr.info.data_offset + b * bs);
+          }
+          if (!st.ok()) {
+            error.Set(st);
+            break;
+          }
+        }
+        cudaError_t err = cudaMemcpyAsync(rr.dst + p.dst_off,
+                                          r.base() + rr.info.data_offset + p.begin, p.len,
+                                          cudaMemcpyHostToDevice, cstream);
+        if (err != cudaSuccess) {
+          error.Set(CudaStatus(err, r.Where(rr.tensor), "cudaMemcpyAsync"));
+          break;
+        }
+        copies.fetch_add(1, std::memory_order_relaxed);
+      }
+      for (;;) {
+        uint64_t k = next_batch.fetch_add(1);
+        if (k >= batches.size()) break;
+        Slot& slot = slots[k % nslots];
+        {
+          std::unique_lock<std::mutex> lock(slot_mu);
+          slot_cv.wait(lock, [&] { return slot.turn == k || error.failed(); });
+        }
+        if (error.failed()) break;
+        Status st = RunBatch(r, res, staged, batches[k], slot, cstream, verify, &copies);
+        if (!st.ok()) error.Set(std::move(st));
+        {
+          std::lock_guard<std::mutex> lock(slot_mu);
+          slot.turn = k + nslots;
+        }
+        slot_cv.notify_all();
+        if (!st.ok()) break;
+      }
+    });
+    {
+      // Wake anyone still waiting on a slot of a failed load.
+      std::lock_guard<std::mutex> lock(slot_mu);
+    }
+    slot_cv.notify_all();
+    cudaError_t terr = cudaEventRecord(tail, cstream);
+    if (error.failed()) return error.Get();
+    if (terr != cudaSuccess) return CudaStatus(terr, r.path, "cudaEventRecord");
+
+    stats = LoadStats{};
+    for (const Resolved& rr : res) stats.bytes += rr.len;
+    stats.copies = copies.load();
+    stats.pinned_bytes = ring_bytes;
+    stats.used_register = use_register;
+    stats.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+
+  Status RunBatch(const Reader::Impl& r, const std::vector<Resolved>& res,
+                  const std::vector<Piece>& pieces, const Batch& batch, Slot& slot,
+                  cudaStream_t stream, bool verify, std::atomic<uint64_t>* copies) {
+    if (slot.used) {
+      cudaError_t err = cudaEventSynchronize(slot.event);
+      if (err != cudaSuccess) return CudaStatus(err, r.path, "waiting for a staging slot");
+    }
+    uint64_t off = 0;
+    for (uint32_t i = batch.first; i < batch.last; ++i) {
+      const Piece& p = pieces[i];
+      FERRY_RETURN_IF_ERROR(
+          r.ReadRange(res[p.r].tensor, p.begin, p.len, slot.data + off, verify));
+      off += AlignUp(p.len, 64);
+    }
+    // One DMA per run of pieces whose destinations are contiguous (up to alignment gaps).
+    off = 0;
+    uint32_t i = batch.first;
+    while (i < batch.last) {
+      const Piece& p = pieces[i];
+      uint8_t* dst = res[p.r].dst + p.dst_off;
+      uint64_t run_src = off;
+      uint64_t run_len = p.len;
+      off += AlignUp(p.len, 64);
+      uint32_t j = i + 1;
+      while (j < batch.last) {
+        const Piece& q = pieces[j];
+        uint8_t* qdst = res[q.r].dst + q.dst_off;
+        // The staging offset of q must mirror its destination offset within the run.
+        if (qdst < dst || static_cast<uint64_t>(qdst - dst) != off - run_src) break;
+        run_len = (off - run_src) + q.len;
+        off += AlignUp(q.len, 64);
+        ++j;
+      }
+      if (run_len > 0) {
+        cudaError_t err = cudaMemcpyAsync(dst, slot.data + run_src, run_len,
+                                          cudaMemcpyHostToDevice, stream);
+        if (err != cudaSuccess) return CudaStatus(err, r.Where(res[p.r].tensor), "cudaMemcpyAsync");
+        copies->fetch_add(1, std::memory_order_relaxed);
+      }
+      i = j;
+    }
+    cudaError_t err = cudaEventRecord(slot.event, stream);
+    if (err != cudaSuccess) return CudaStatus(err, r.path, "cudaEventRecord");
+    slot.used = true;
+    return Status::Ok();
+  }
+
+  Status AllocateDevice(const Reader::Impl& r, std::vector<Resolved>& res,
+                        const std::vector<size_t>& order, std::vector<LoadedTensor>& out,
+                        cudaStream_t stream, const DeviceAllocator* alloc, CUcontext ctx,
+                        int dev) {
+    // Arena layout (default allocator only): small tensors packed in file order with 256-byte
+    // alignment, which is also 64-byte staging alignment, so their copies coalesce.
+    uint64_t arena_bytes = 0;
+    std::vector<uint64_t> arena_off(res.size(), UINT64_MAX);
+    if (alloc == nullptr) {
+      for (size_t k : order) {
+        if (res[k].dst == nullptr && res[k].len > 0 && res[k].len < kArenaTensorLimit) {
+          arena_off[k] = arena_bytes;
+          arena_bytes += AlignUp(res[k].len, kDeviceAlign);
+        }
+      }
+    }
+    auto free_async = [ctx, stream](void* p) {
+      ScopedContext scope(ctx);
+      cudaFreeAsync(p, stream);
+    };
+    std::shared_ptr<void> arena;
+    if (arena_bytes > 0) {
+      void* p = nullptr;
+      cudaError_t err = cudaMallocAsync(&p, arena_bytes, stream);
+      if (err != cudaSuccess) return CudaStatus(err, r.path, "cudaMallocAsync");
+      arena = std::shared_ptr<void>(p, free_async);
+    }
+    for (size_t k = 0; k < res.size(); ++k) {
+      Resolved& rr = res[k];
+      LoadedTensor& t = out[k];
+      t.info = rr.info;
+      t.nbytes = rr.len;
+      t.device = dev;
+      if (rr.dst != nullptr || rr.len == 0) {
+        t.data = rr.dst;
+        continue;
+      }
+      if (arena_off[k] != UINT64_MAX) {
+        rr.dst = static_cast<uint8_t*>(arena.get()) + arena_off[k];
+        t.owner = std::shared_ptr<void>(arena, rr.dst);
+      } else if (alloc != nullptr) {
+        void* p = alloc->allocate(rr.len, reinterpret_cast<Stream>(stream));
+        if (p == nullptr) {
+          return Error(StatusCode::kResourceExhausted, r.Where(rr.tensor),
+                       ": the allocator returned no memory for ", rr.len, " bytes");
+        }
+        auto dealloc = alloc->deallocate;
+        uint64_t n = rr.len;
+        t.owner = std::shared_ptr<void>(p, [dealloc, n, stream, ctx](void* q) {
+          ScopedContext scope(ctx);
+          if (dealloc) dealloc(q, n, reinterpret_cast<Stream>(stream));
+        });
+        rr.dst = static_cast<uint8_t*>(p);
+      } else {
+        void* p = nullptr;
+        cudaError_t err = cudaMallocAsync(&p, rr.len, stream);
+        if (err != cudaSuccess) return CudaStatus(err, r.Where(rr.tensor), "cudaMallocAsync");
+        t.owner = std::shared_ptr<void>(p, free_async);
+        rr.dst = static_cast<uint8_t*>(p);
+      }
+      t.data = rr.dst;
+    }
+    return Status::Ok();
+  }
+#endif  // FERRY_HAVE_CUDA
+
+  Result<std::vector<LoadedTensor>> HostLoad(const Reader& reader,
+                                             const std::vector<LoadRequest>& requests) {
+    const Reader::Impl& r = reader.impl();
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<size_t> order;
+    FERRY_ASSIGN_OR_RETURN(std::vector<Resolved> res, Resolve(r, requests, &order));
+    std::vector<LoadedTensor> out(res.size());
+    for (size_t k = 0; k < res.size(); ++k) {
+      Resolved& rr = res[k];
+      out[k].info = rr.info;
+      out[k].nbytes = rr.len;
+      out[k].device = -1;
+      if (rr.dst == nullptr && rr.len > 0) {
+        void* p = std::aligned_alloc(64, AlignUp(rr.len, 64));
+        if (p == nullptr) {
+          return Error(StatusCode::kResourceExhausted, r.Where(rr.tensor), ": allocating ",
+                       rr.len, " bytes");
+        }
+        out[k].owner = std::shared_ptr<void>(p, std::free);
+        rr.dst = static_cast<uint8_t*>(p);
+      }
+      out[k].data = rr.dst;
+    }
+    std::vector<Piece> pieces = MakePieces(res, order, options.chunk_bytes);
+    ErrorSlot error;
+    std::atomic<uint64_t> next{0};
+    pool->Run([&](int) {
+      for (;;) {
+        uint64_t k = next.fetch_add(1);
+        if (k >= pieces.size() || error.failed()) return;
+        const Piece& p = pieces[k];
+        Status st = r.ReadRange(res[p.r].tensor, p.begin, p.len, res[p.r].dst + p.dst_off,
+                                options.verify);
+        if (!st.ok()) error.Set(std::move(st));
+      }
+    });
+    if (error.failed()) return error.Get();
+    stats = LoadStats{};
+    for (const Resolved& rr : res) stats.bytes += rr.len;
+    stats.copies = pieces.size();
+    stats.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+};
+
+bool CudaAvailable() {
+#ifdef FERRY_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+#else
+  return false;
+#endif
+}
+
+Loader::Loader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Loader::~Loader() = default;
+
+Result<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
+  if (options.chunk_bytes < 4096 || options.chunk_bytes % 4096 != 0) {
+    return Error(StatusCode::kInvalidArgument, "LoaderOptions.chunk_bytes ", options.chunk_bytes,
+                 " must be a positive multiple of 4096");
+  }
+  if (options.staging_bytes < 2 * options.chunk_bytes) {
+    return Error(StatusCode::kInvalidArgument, "LoaderOptions.staging_bytes ",
+                 options.staging_bytes, " must hold at least two chunks of ",
+                 options.chunk_bytes);
+  }
+  if (options.threads < 0 || options.threads > 256) {
+    return Error(StatusCode::kInvalidArgument, "LoaderOptions.threads ", options.threads,
+                 " outside [0, 256]");
+  }
+  if (options.threads == 0) options.threads = DefaultThreads();
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->pool = std::make_unique<WorkerPool>(options.threads);
+  return std::unique_ptr<Loader>(new Loader(std::move(impl)));
+}
+
+Result<std::vector<LoadedTensor>> Loader::LoadAsync(const Reader& reader,
+                                                    const std::vector<LoadRequest>& requests,
+                                                    Stream stream,
+                                                    const DeviceAllocator* allocator) {
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+#ifdef FERRY_HAVE_CUDA
+  if (allocator != nullptr && !allocator->allocate) {
+    return Error(StatusCode::kInvalidArgument, reader.path(), ": allocator without allocate");
+  }
+  return impl_->DeviceLoad(reader, requests, stream, allocator);
+#else
+  (void)requests;
+  (void)stream;
+  (void)allocator;
+  return Error(StatusCode::kUnimplemented, reader.path(),
+               ": this build of TensorFerry has no CUDA support (use LoadToHost)");
+#endif
+}
+
+Result<std::vector<LoadedTensor>> Loader::Load(const Reader& reader,
+                                               const std::vector<LoadRequest>& requests,
+                                               Stream stream, const DeviceAllocator* allocator) {
+  FERRY_ASSIGN_OR_RETURN(auto out, LoadAsync(reader, requests, stream, allocator));
+#ifdef FERRY_HAVE_CUDA
+  auto t0 = std::chrono::steady_clock::now();
+  cudaError_t err = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return CudaStatus(err, reader.path(), "cudaStreamSynchronize");
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+  impl_->stats.seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+#endif
+  return out;
+}
+
+Result<std::vector<LoadedTensor>> Loader::LoadToHost(const Reader& reader,
+                                                     const std::vector<LoadRequest>& requests) {
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+  return impl_->HostLoad(reader, requests);
+}
+
+LoadStats Loader::last_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+  return impl_->stats;
+}
+
+const LoaderOptions& Loader::options() const { return impl_->options; }
+
+}  // namespace ferry
