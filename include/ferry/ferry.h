@@ -1,0 +1,562 @@
+/* TensorFerry C API: write and read device-agnostic tensor checkpoints, and load them onto the
+ * caller's current CUDA device on the caller's stream. Pure C99; every language binding goes
+ * through this header (C++ programs may use ferry/ferry.hpp and ferry/loader.hpp instead).
+ *
+ * Conventions
+ * - Every function that can fail returns an int status code: FERRY_OK (0) or one of the
+ *   FERRY_* codes below (the values of ferry::StatusCode, pinned forever). The last
+ *   parameter, `error`, is optional (NULL allowed); on failure it receives the code and a
+ *   message naming the file and, where it applies, the tensor and the byte offset. On success
+ *   it is left untouched. No C++ exception ever crosses this boundary, and no call aborts on
+ *   bad input.
+ * - Out-parameters are written only on success.
+ * - Option structs start with `size_t struct_size`. Fill them with the matching `_init`
+ *   function (which sets struct_size and the defaults), then change fields. A NULL options
+ *   pointer means the defaults. Structs the library fills (ferry_tensor_info_t, ...) are
+ *   filled up to the caller's struct_size, so older callers keep working with newer builds.
+ * - Streams are `void*` holding a cudaStream_t (CUstream); NULL is the legacy default stream
+ *   of the current device. They are caller-owned and come last before `error`. A function
+ *   named `_async` only enqueues work on the stream.
+ * - Booleans are int32_t (0 or 1). Strings are NUL-terminated UTF-8.
+ * - Tensors come out as DLPack 1.x DLManagedTensorVersioned: the consumer owns each one and
+ *   releases it by calling its `deleter` (or ferry_dlpack_free). Data is dense row-major;
+ *   `strides` is always set. Sub-byte types (FP4) are packed, two elements per byte, element
+ *   2i in the low nibble of byte i; FP6 takes one byte per element (low 6 bits), flagged
+ *   DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED.
+ *
+ * Handles, lifetime and threads
+ * - ferry_writer_t: owned by its creator; free with ferry_writer_free. Not thread-safe: one
+ *   thread at a time. Freeing a writer that was not committed removes its temporary file and
+ *   leaves any previous file at the path untouched.
+ * - ferry_reader_t: owned by its creator; free with ferry_reader_free. Immutable after open:
+ *   every ferry_reader_* call may run on any number of threads at once. Pointers it hands
+ *   out (names, shapes, metadata strings, scaling state) stay valid until the reader is
+ *   freed. Tensors from ferry_reader_view and from the loader hold their own reference to
+ *   the file mapping or memory, so they may outlive the reader.
+ * - ferry_loader_t: owned by its creator; free with ferry_loader_free, before the CUDA
+ *   context goes away (not from atexit handlers or static destructors). Calls on one loader
+ *   are serialized internally; use one loader per thread for parallel loads. A loader never
+ *   calls cudaSetDevice and touches no device other than the current one of the calling
+ *   thread.
+ * - ferry_*_free(NULL) is a no-op.
+ */
+#ifndef FERRY_FERRY_H_
+#define FERRY_FERRY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/api.h"
+#include "ferry/version.h"
+
+/* ---- DLPack 1.x declarations -------------------------------------------------------------
+ * Written from the DLPack specification (dlpack.h, version 1.1), layout-identical to it. When
+ * <dlpack/dlpack.h> was included first, its declarations are used instead. When ferry.h comes
+ * first, it defines dlpack.h's include guard so that a later #include <dlpack/dlpack.h> is
+ * skipped rather than clashing; include dlpack.h first if you need the rest of it (the
+ * exchange API tables). */
+#if !defined(DLPACK_DLPACK_H_) && !defined(DLPACK_MAJOR_VERSION)
+#define DLPACK_DLPACK_H_
+#define DLPACK_MAJOR_VERSION 1
+#define DLPACK_MINOR_VERSION 1
+#define FERRY_DECLARED_DLPACK 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
+
+#ifdef __cplusplus
+typedef enum : int32_t {
+#else
+typedef enum {
+#endif
+  kDLCPU = 1,
+  kDLCUDA = 2,
+  kDLCUDAHost = 3,
+  kDLOpenCL = 4,
+  kDLVulkan = 7,
+  kDLMetal = 8,
+  kDLVPI = 9,
+  kDLROCM = 10,
+  kDLROCMHost = 11,
+  kDLExtDev = 12,
+  kDLCUDAManaged = 13,
+  kDLOneAPI = 14,
+  kDLWebGPU = 15,
+  kDLHexagon = 16,
+  kDLMAIA = 17,
+  kDLTrn = 18
+} DLDeviceType;
+
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+
+typedef enum {
+  kDLInt = 0U,
+  kDLUInt = 1U,
+  kDLFloat = 2U,
+  kDLOpaqueHandle = 3U,
+  kDLBfloat = 4U,
+  kDLComplex = 5U,
+  kDLBool = 6U,
+  kDLFloat8_e3m4 = 7U,
+  kDLFloat8_e4m3 = 8U,
+  kDLFloat8_e4m3b11fnuz = 9U,
+  kDLFloat8_e4m3fn = 10U,
+  kDLFloat8_e4m3fnuz = 11U,
+  kDLFloat8_e5m2 = 12U,
+  kDLFloat8_e5m2fnuz = 13U,
+  kDLFloat8_e8m0fnu = 14U,
+  kDLFloat6_e2m3fn = 15U,
+  kDLFloat6_e3m2fn = 16U,
+  kDLFloat4_e2m1fn = 17U
+} DLDataTypeCode;
+
+typedef struct {
+  uint8_t code; /* a DLDataTypeCode */
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides; /* in elements */
+  uint64_t byte_offset;
+} DLTensor;
+
+/* Legacy (pre-1.0) managed tensor, for consumers that only take the "dltensor" capsule. */
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensor* self);
+} DLManagedTensor;
+
+#define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL)
+#define DLPACK_FLAG_BITMASK_IS_COPIED (1UL << 1UL)
+#define DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED (1UL << 2UL)
+
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DLPack declarations */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors -------------------------------------------------------------------- */
+
+/* Status codes: equal to ferry::StatusCode, pinned forever. */
+#define FERRY_OK 0
+#define FERRY_INVALID_ARGUMENT 1 /* the caller passed something unusable */
+#define FERRY_NOT_FOUND 2        /* no such file or tensor */
+#define FERRY_DATA_LOSS 3        /* corrupt, truncated or hostile file; checksum mismatch */
+#define FERRY_RESOURCE_EXHAUSTED 4
+#define FERRY_UNIMPLEMENTED 5 /* valid request this build cannot serve (e.g. no CUDA) */
+#define FERRY_INTERNAL 6      /* a bug in TensorFerry */
+#define FERRY_CUDA_ERROR 7
+#define FERRY_IO_ERROR 8
+
+/* Longest message kept, terminating NUL included; longer messages are cut. */
+#define FERRY_ERROR_MESSAGE_SIZE 1024
+
+typedef struct ferry_error_t {
+  int code;
+  char message[FERRY_ERROR_MESSAGE_SIZE];
+} ferry_error_t;
+
+/* "OK", "InvalidArgument", ...; "Unknown" for other values. Static storage. */
+FERRY_API const char* ferry_status_name(int code);
+
+/* ---- version ------------------------------------------------------------------------------ */
+
+/* The library's "MAJOR.MINOR.PATCH" (static storage); compare with FERRY_VERSION_STRING from
+ * ferry/version.h to detect a header/library mismatch. */
+FERRY_API const char* ferry_version(void);
+/* The newest checkpoint format version this library reads and the one it writes. */
+FERRY_API uint32_t ferry_format_version(void);
+
+/* ---- element types ------------------------------------------------------------------------ */
+
+/* Values equal the schema's DType (schema/ferry.fbs), pinned forever. */
+typedef enum ferry_dtype_t {
+  FERRY_DTYPE_BOOL = 0,
+  FERRY_DTYPE_U8 = 1,
+  FERRY_DTYPE_U16 = 2,
+  FERRY_DTYPE_U32 = 3,
+  FERRY_DTYPE_U64 = 4,
+  FERRY_DTYPE_I8 = 5,
+  FERRY_DTYPE_I16 = 6,
+  FERRY_DTYPE_I32 = 7,
+  FERRY_DTYPE_I64 = 8,
+  FERRY_DTYPE_F16 = 9,
+  FERRY_DTYPE_BF16 = 10,
+  FERRY_DTYPE_F32 = 11,
+  FERRY_DTYPE_F64 = 12,
+  FERRY_DTYPE_C64 = 13,
+  FERRY_DTYPE_C128 = 14,
+  FERRY_DTYPE_F8_E4M3FN = 15,
+  FERRY_DTYPE_F8_E5M2 = 16,
+  FERRY_DTYPE_F8_E8M0FNU = 17,
+  FERRY_DTYPE_F8_E4M3FNUZ = 18,
+  FERRY_DTYPE_F8_E5M2FNUZ = 19,
+  FERRY_DTYPE_F6_E2M3FN = 20,
+  FERRY_DTYPE_F6_E3M2FN = 21,
+  FERRY_DTYPE_F4_E2M1FN = 22 /* two per byte, element 2i in the low nibble */
+} ferry_dtype_t;
+#define FERRY_NUM_DTYPES 23
+
+/* "BF16", "F8_E4M3FN", ... (the schema's names); "?" when out of range. Static storage. */
+FERRY_API const char* ferry_dtype_name(int32_t dtype);
+/* Parses a ferry_dtype_name; FERRY_NOT_FOUND when unknown. */
+FERRY_API int ferry_dtype_parse(const char* name, int32_t* dtype, ferry_error_t* error);
+/* Bytes of storage for `numel` elements (ceil(numel / 2) for F4). */
+FERRY_API int ferry_dtype_storage_bytes(int32_t dtype, uint64_t numel, uint64_t* nbytes,
+                                        ferry_error_t* error);
+/* The DLPack type of a ferry dtype: bits is 4 for F4 (packed), 6 for F6, and 8 * itemsize
+ * otherwise; lanes is 1. */
+FERRY_API int ferry_dtype_to_dlpack(int32_t dtype, DLDataType* out, ferry_error_t* error);
+/* The ferry dtype of a DLPack type (lanes must be 1). FERRY_INVALID_ARGUMENT when none. */
+FERRY_API int ferry_dtype_from_dlpack(DLDataType type, int32_t* dtype, ferry_error_t* error);
+
+/* Encodings of stored tensor bytes. */
+#define FERRY_ENCODING_DEFAULT (-1) /* the writer's default (ferry_writer_options_t) */
+#define FERRY_ENCODING_RAW 0
+#define FERRY_ENCODING_ZSTD 1
+#define FERRY_ENCODING_SHUFFLE_ZSTD 2 /* byte planes, then zstd: best for bf16/f16/f32 */
+
+/* ---- DLPack helpers ----------------------------------------------------------------------- */
+
+/* Calls tensor->deleter(tensor) when both are non-NULL. */
+FERRY_API void ferry_dlpack_free(DLManagedTensorVersioned* tensor);
+/* Wraps a versioned tensor as a legacy DLManagedTensor that owns it (for consumers of the
+ * "dltensor" capsule). On success `tensor` belongs to *out: release only *out, through its
+ * deleter or ferry_dlpack_legacy_free. The read-only flag has no legacy equivalent. */
+FERRY_API int ferry_dlpack_to_legacy(DLManagedTensorVersioned* tensor, DLManagedTensor** out,
+                                     ferry_error_t* error);
+FERRY_API void ferry_dlpack_legacy_free(DLManagedTensor* tensor);
+
+/* ---- writer ------------------------------------------------------------------------------- */
+
+typedef struct ferry_writer_t ferry_writer_t;
+
+typedef struct ferry_writer_options_t {
+  size_t struct_size;
+  /* Raw bytes per checksum block and per compressed chunk: a power of two, >= 4096. */
+  uint64_t block_size;
+  /* Encoding of tensors added with FERRY_ENCODING_DEFAULT. */
+  int32_t encoding;
+  int32_t zstd_level;
+  /* A chunk is stored uncompressed unless compression saves at least this fraction. */
+  double min_savings;
+  /* Compression threads; 0: one per hardware thread, at most 16. */
+  int32_t threads;
+  /* fsync the file and its directory on commit (turn off only for scratch files). */
+  int32_t durable;
+  /* Stored as the checkpoint's producer; NULL or "": "tensorferry <version>". Copied. */
+  const char* producer;
+} ferry_writer_options_t;
+
+FERRY_API void ferry_writer_options_init(ferry_writer_options_t* options);
+
+/* Starts a checkpoint at `path`. Data streams to a temporary file beside it; nothing replaces
+ * `path` before ferry_writer_commit. */
+FERRY_API int ferry_writer_create(const char* path, const ferry_writer_options_t* options,
+                                  ferry_writer_t** out, ferry_error_t* error);
+/* Adds a tensor from host memory. `shape` has `ndim` logical element counts (ndim 0: a
+ * scalar; shape may then be NULL). `data` holds `nbytes` = ferry_dtype_storage_bytes bytes,
+ * dense row-major; it is read before the call returns. Names are unique, non-empty UTF-8. */
+FERRY_API int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, int32_t dtype,
+                                      const int64_t* shape, int32_t ndim, const void* data,
+                                      uint64_t nbytes, int32_t encoding, ferry_error_t* error);
+/* As ferry_writer_add_tensor, from a DLTensor in host memory (kDLCPU, kDLCUDAHost or
+ * kDLCUDAManaged) that is dense row-major (strides NULL or compact). */
+FERRY_API int ferry_writer_add_dltensor(ferry_writer_t* writer, const char* name,
+                                        const DLTensor* tensor, int32_t encoding,
+                                        ferry_error_t* error);
+/* Sets a string metadata entry (a later value for the same key replaces the earlier one). */
+FERRY_API int ferry_writer_set_metadata(ferry_writer_t* writer, const char* key, const char* value,
+                                        ferry_error_t* error);
+
+/* ---- FP8 / FP4 scaling state (TransformerEngine recipes), stored as data, never pickled --- */
+
+#define FERRY_FP8_FORMAT_E4M3 0
+#define FERRY_FP8_FORMAT_E5M2 1
+#define FERRY_FP8_FORMAT_HYBRID 2
+
+#define FERRY_AMAX_COMPUTE_MAX 0
+#define FERRY_AMAX_COMPUTE_MOST_RECENT 1
+
+#define FERRY_RECIPE_NONE 0
+#define FERRY_RECIPE_DELAYED_SCALING 1
+#define FERRY_RECIPE_FLOAT8_CURRENT_SCALING 2
+#define FERRY_RECIPE_MXFP8_BLOCK_SCALING 3
+#define FERRY_RECIPE_FLOAT8_BLOCK_SCALING 4
+#define FERRY_RECIPE_NVFP4_BLOCK_SCALING 5
+#define FERRY_RECIPE_CUSTOM 6
+
+#define FERRY_DIRECTION_FORWARD 0
+#define FERRY_DIRECTION_BACKWARD 1
+
+#define FERRY_SLOT_INPUT 0
+#define FERRY_SLOT_WEIGHT 1
+#define FERRY_SLOT_OUTPUT 2
+#define FERRY_SLOT_GRAD_OUTPUT 3
+#define FERRY_SLOT_GRAD_INPUT 4
+
+/* A recipe: `kind` selects which fields mean something.
+ * DELAYED_SCALING: fp8_format, margin, amax_history_len, amax_compute_algo, reduce_amax,
+ *                  fp8_dpa, fp8_mha.
+ * FLOAT8_CURRENT_SCALING: fp8_format, fp8_dpa, fp8_mha.
+ * MXFP8_BLOCK_SCALING: fp8_format.
+ * FLOAT8_BLOCK_SCALING: fp8_format, x/w/grad_block_scaling_dim.
+ * NVFP4_BLOCK_SCALING: disable_rht, disable_stochastic_rounding, disable_2d_quantization.
+ * CUSTOM: custom_name (required), custom_qfactory (may be NULL). */
+typedef struct ferry_recipe_t {
+  size_t struct_size;
+  int32_t kind;
+  int32_t fp8_format;
+  int32_t margin;
+  int32_t amax_history_len;
+  int32_t amax_compute_algo;
+  int32_t reduce_amax;
+  int32_t fp8_dpa;
+  int32_t fp8_mha;
+  int32_t x_block_scaling_dim;
+  int32_t w_block_scaling_dim;
+  int32_t grad_block_scaling_dim;
+  int32_t disable_rht;
+  int32_t disable_stochastic_rounding;
+  int32_t disable_2d_quantization;
+  const char* custom_name;
+  const char* custom_qfactory;
+} ferry_recipe_t;
+
+/* Sets struct_size, `kind`, and the schema's defaults for that kind. */
+FERRY_API void ferry_recipe_init(ferry_recipe_t* recipe, int32_t kind);
+
+/* The scaling state of one direction of one module: S = num_slots slots, L = history_len rows
+ * of amax history stored F32[L, S] row-major (row 0 current). */
+typedef struct ferry_direction_state_t {
+  int32_t direction; /* FERRY_DIRECTION_* */
+  int32_t num_gemms;
+  int32_t num_slots;
+  int32_t history_len;
+  const int32_t* slot_roles; /* num_slots FERRY_SLOT_* values */
+  const float* scale;        /* num_slots */
+  const float* amax_history; /* history_len * num_slots */
+} ferry_direction_state_t;
+
+/* Records the scaling state of `module` (unique per checkpoint). Stateless recipes pass
+ * num_states 0. Everything is copied before the call returns. */
+FERRY_API int ferry_writer_add_scaling_state(ferry_writer_t* writer, const char* module,
+                                             const ferry_recipe_t* recipe,
+                                             const ferry_direction_state_t* states,
+                                             size_t num_states, ferry_error_t* error);
+
+/* Writes the footer, fsyncs (when durable) and atomically replaces the file at the path. The
+ * writer is spent afterwards, whatever the result: free it. */
+FERRY_API int ferry_writer_commit(ferry_writer_t* writer, ferry_error_t* error);
+/* Drops the temporary file; the path is untouched. Idempotent; NULL is a no-op. */
+FERRY_API void ferry_writer_abort(ferry_writer_t* writer);
+/* Aborts (if not committed) and frees. */
+FERRY_API void ferry_writer_free(ferry_writer_t* writer);
+
+/* ---- reader ------------------------------------------------------------------------------- */
+
+typedef struct ferry_reader_t ferry_reader_t;
+
+typedef struct ferry_reader_options_t {
+  size_t struct_size;
+  /* Check every tensor's checksums at open (reads the whole file). */
+  int32_t verify_on_open;
+} ferry_reader_options_t;
+
+FERRY_API void ferry_reader_options_init(ferry_reader_options_t* options);
+
+/* Maps the file, checks trailer and footer and validates the index. FERRY_NOT_FOUND or
+ * FERRY_IO_ERROR for file trouble, FERRY_DATA_LOSS for any malformed byte. */
+FERRY_API int ferry_reader_open(const char* path, const ferry_reader_options_t* options,
+                                ferry_reader_t** out, ferry_error_t* error);
+FERRY_API void ferry_reader_free(ferry_reader_t* reader);
+
+/* Path, file size, format version and producer. Strings live as long as the reader. */
+FERRY_API const char* ferry_reader_path(const ferry_reader_t* reader);
+FERRY_API uint64_t ferry_reader_file_size(const ferry_reader_t* reader);
+FERRY_API uint32_t ferry_reader_format_version(const ferry_reader_t* reader);
+FERRY_API const char* ferry_reader_producer(const ferry_reader_t* reader);
+
+/* Tensors are indexed 0..n-1 in name order. */
+FERRY_API size_t ferry_reader_num_tensors(const ferry_reader_t* reader);
+
+typedef struct ferry_tensor_info_t {
+  size_t struct_size; /* set by the caller: sizeof(ferry_tensor_info_t) */
+  const char* name;   /* owned by the reader */
+  int32_t dtype;      /* ferry_dtype_t */
+  int32_t ndim;
+  const int64_t* shape; /* ndim entries, owned by the reader */
+  uint64_t nbytes;      /* raw bytes */
+  uint64_t data_offset; /* absolute file offset of the stored bytes */
+  uint64_t data_size;   /* stored bytes (== nbytes for raw) */
+  int32_t encoding;     /* FERRY_ENCODING_* */
+  uint64_t block_size;  /* raw bytes per checksum block / chunk */
+  size_t index;         /* position in name order */
+} ferry_tensor_info_t;
+
+FERRY_API int ferry_reader_tensor_info(const ferry_reader_t* reader, size_t index,
+                                       ferry_tensor_info_t* info, ferry_error_t* error);
+/* By exact name; FERRY_NOT_FOUND (naming file and tensor) when absent. */
+FERRY_API int ferry_reader_find_tensor(const ferry_reader_t* reader, const char* name,
+                                       ferry_tensor_info_t* info, ferry_error_t* error);
+
+/* Metadata entries, in key order. Strings live as long as the reader. */
+FERRY_API size_t ferry_reader_num_metadata(const ferry_reader_t* reader);
+FERRY_API int ferry_reader_metadata_at(const ferry_reader_t* reader, size_t index, const char** key,
+                                       const char** value, ferry_error_t* error);
+/* FERRY_NOT_FOUND when the key is absent. */
+FERRY_API int ferry_reader_metadata_get(const ferry_reader_t* reader, const char* key,
+                                        const char** value, ferry_error_t* error);
+
+/* Scaling state, in module order. Pointers live as long as the reader. */
+typedef struct ferry_scaling_state_t {
+  size_t struct_size; /* set by the caller: sizeof(ferry_scaling_state_t) */
+  const char* module;
+  ferry_recipe_t recipe;
+  size_t num_states;
+  const ferry_direction_state_t* states;
+} ferry_scaling_state_t;
+
+FERRY_API size_t ferry_reader_num_scaling_states(const ferry_reader_t* reader);
+FERRY_API int ferry_reader_scaling_state_at(const ferry_reader_t* reader, size_t index,
+                                            ferry_scaling_state_t* state, ferry_error_t* error);
+FERRY_API int ferry_reader_find_scaling_state(const ferry_reader_t* reader, const char* module,
+                                              ferry_scaling_state_t* state, ferry_error_t* error);
+
+/* Flags of the read calls. */
+#define FERRY_READ_VERIFY 1u /* check the block checksums of the bytes read */
+
+/* Zero-copy, read-only view of a raw-encoded tensor inside the file mapping (kDLCPU,
+ * DLPACK_FLAG_BITMASK_READ_ONLY). The tensor keeps the mapping alive until its deleter runs,
+ * also after ferry_reader_free. FERRY_UNIMPLEMENTED for compressed tensors: use
+ * ferry_reader_read_into. */
+FERRY_API int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t flags,
+                                DLManagedTensorVersioned** out, ferry_error_t* error);
+/* Copies (decoding as needed) the whole tensor into host memory `dst` of `dst_size` bytes
+ * (at least the tensor's nbytes). */
+FERRY_API int ferry_reader_read_into(const ferry_reader_t* reader, const char* name, void* dst,
+                                     uint64_t dst_size, uint32_t flags, ferry_error_t* error);
+/* Copies rows [row_begin, row_end) of dimension 0 (a tensor-parallel shard); row_end -1:
+ * through the last row. */
+FERRY_API int ferry_reader_read_rows_into(const ferry_reader_t* reader, const char* name,
+                                          int64_t row_begin, int64_t row_end, void* dst,
+                                          uint64_t dst_size, uint32_t flags, ferry_error_t* error);
+/* Checks the checksums of one tensor, or of every tensor when `name` is NULL. */
+FERRY_API int ferry_reader_verify(const ferry_reader_t* reader, const char* name,
+                                  ferry_error_t* error);
+
+/* ---- loader ------------------------------------------------------------------------------- */
+
+typedef struct ferry_loader_t ferry_loader_t;
+
+#define FERRY_HOST_PATH_AUTO 0
+#define FERRY_HOST_PATH_STAGING 1  /* CPU copies into the pinned ring, then DMA */
+#define FERRY_HOST_PATH_REGISTER 2 /* register the mapped file, DMA from the page cache */
+
+#define FERRY_PINNED_HOST_REGISTER 0 /* malloc + prefault + cudaHostRegister */
+#define FERRY_PINNED_HOST_ALLOC 1    /* cudaHostAlloc */
+
+typedef struct ferry_loader_options_t {
+  size_t struct_size;
+  uint64_t staging_bytes; /* total pinned staging memory */
+  uint64_t chunk_bytes;   /* bytes per staging slot and per DMA */
+  int32_t threads;        /* CPU workers; 0: min(8, hardware threads) */
+  int32_t host_path;      /* FERRY_HOST_PATH_* */
+  int32_t pinned_alloc;   /* FERRY_PINNED_* */
+  int32_t verify;         /* check block checksums while loading */
+} ferry_loader_options_t;
+
+FERRY_API void ferry_loader_options_init(ferry_loader_options_t* options);
+
+/* 1 when this build has the CUDA loader and a device is usable, else 0. */
+FERRY_API int ferry_cuda_available(void);
+
+/* Creates a loader. Pinned staging memory is allocated on its first device load. */
+FERRY_API int ferry_loader_create(const ferry_loader_options_t* options, ferry_loader_t** out,
+                                  ferry_error_t* error);
+/* Waits for the loader's own in-flight copies (its events only), then frees it. */
+FERRY_API void ferry_loader_free(ferry_loader_t* loader);
+
+/* Device memory from the caller's allocator (a framework's caching allocator, say). Called on
+ * the loading thread with the target device current; memory must be usable in stream order
+ * on `stream`. `allocate` returns NULL on failure. `deallocate` runs when the last tensor
+ * using the memory is released (from whichever thread calls its deleter), so `ctx` and both
+ * functions must stay valid until every tensor loaded with them is freed. */
+typedef struct ferry_allocator_t {
+  size_t struct_size;
+  void* ctx;
+  void* (*allocate)(void* ctx, uint64_t bytes, void* stream);
+  void (*deallocate)(void* ctx, void* ptr, uint64_t bytes, void* stream);
+} ferry_allocator_t;
+
+/* One tensor, or a row range of one. With dst NULL the loader allocates (caller's allocator,
+ * else cudaMallocAsync on the stream; malloc for host loads); else dst holds dst_bytes >= the
+ * bytes loaded, on the target (current device memory, or host memory for host loads). */
+typedef struct ferry_load_request_t {
+  const char* name;
+  int64_t row_begin; /* 0 for the whole tensor */
+  int64_t row_end;   /* -1: through the last row */
+  void* dst;
+  uint64_t dst_bytes;
+} ferry_load_request_t;
+
+/* Fills a request for the whole tensor `name` into a loader-allocated buffer. */
+FERRY_API void ferry_load_request_init(ferry_load_request_t* request, const char* name);
+
+/* Loads tensors onto the calling thread's current CUDA device, enqueueing every copy on
+ * `stream` (NULL: legacy default stream), and returns once all are enqueued; data is ready
+ * when the stream reaches this point. `requests` has `num_requests` entries; num_requests 0
+ * loads every tensor in name order. On success out[i] receives tensor i (num_requests
+ * entries, or ferry_reader_num_tensors when num_requests is 0): kDLCUDA memory of the current
+ * device; for a loader-allocated tensor its deleter frees the memory (stream-ordered on
+ * `stream`); for a caller buffer the descriptor only. `out` may be NULL when every request
+ * has a dst. `allocator` may be NULL. On failure no tensor is returned; copies already
+ * enqueued into caller buffers may still land. */
+FERRY_API int ferry_loader_load_async(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                      const ferry_load_request_t* requests, size_t num_requests,
+                                      const ferry_allocator_t* allocator,
+                                      DLManagedTensorVersioned** out, void* stream,
+                                      ferry_error_t* error);
+/* As ferry_loader_load_async, then waits for `stream` (that stream only). */
+FERRY_API int ferry_loader_load(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                const ferry_load_request_t* requests, size_t num_requests,
+                                const ferry_allocator_t* allocator, DLManagedTensorVersioned** out,
+                                void* stream, ferry_error_t* error);
+/* Loads into host memory (kDLCPU); needs no GPU. Same request and result rules. */
+FERRY_API int ferry_loader_load_to_host(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                        const ferry_load_request_t* requests, size_t num_requests,
+                                        DLManagedTensorVersioned** out, ferry_error_t* error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_FERRY_H_ */
