@@ -1,0 +1,568 @@
+/* C API test: a plain C99 program (built with -std=c99 -pedantic -Werror) that writes,
+ * reads, views and loads a checkpoint through include/ferry/ferry.h alone, and checks error
+ * codes and messages. Exits non-zero on any failed check.
+ * Usage: c_api_test <scratch directory> */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry/ferry.h"
+
+static int g_failures = 0;
+static int g_checks = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    ++g_checks;                                                                \
+    if (!(cond)) {                                                             \
+      ++g_failures;                                                            \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
+  } while (0)
+
+/* Checks that a call succeeded, printing the library's message when it did not. Every caller
+ * has a `ferry_error_t err` in scope and passes &err. */
+#define CHECK_OK(call)                                                          \
+  do {                                                                          \
+    int rc_;                                                                    \
+    ++g_checks;                                                                 \
+    rc_ = (call);                                                               \
+    if (rc_ != FERRY_OK) {                                                      \
+      ++g_failures;                                                             \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call, \
+              ferry_status_name(rc_), err.message);                             \
+    }                                                                           \
+  } while (0)
+
+static char g_dir[512];
+
+static void path_of(char* out, size_t size, const char* name) {
+  snprintf(out, size, "%s/%s", g_dir, name);
+}
+
+static int contains(const char* haystack, const char* needle) {
+  return strstr(haystack, needle) != NULL;
+}
+
+static int file_exists(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (f == NULL) return 0;
+  fclose(f);
+  return 1;
+}
+
+/* ---- fixtures -------------------------------------------------------------------------- */
+
+static float g_matrix[6][4];  /* F32 [6, 4] */
+static uint16_t g_bf16[3000]; /* BF16 bit patterns, compressible */
+static uint8_t g_fp4[3];      /* F4 [5]: 5 elements, 3 bytes, last high nibble zero */
+static uint8_t g_fp8[16];     /* F8_E4M3FN [2, 8] */
+static int64_t g_scalar = -42;
+
+static void make_fixtures(void) {
+  int i, j;
+  for (i = 0; i < 6; ++i) {
+    for (j = 0; j < 4; ++j) g_matrix[i][j] = (float)(i * 10 + j);
+  }
+  for (i = 0; i < 3000; ++i) g_bf16[i] = (uint16_t)(0x3f80 + (i % 7));
+  g_fp4[0] = 0x21;
+  g_fp4[1] = 0x43;
+  g_fp4[2] = 0x05;
+  for (i = 0; i < 16; ++i) g_fp8[i] = (uint8_t)(i * 9);
+}
+
+static int write_checkpoint(const char* path) {
+  ferry_writer_options_t opts;
+  ferry_writer_t* w = NULL;
+  ferry_error_t err;
+  int64_t shape_m[2] = {6, 4};
+  int64_t shape_b[1] = {3000};
+  int64_t shape_f4[1] = {5};
+  ferry_recipe_t recipe;
+  ferry_direction_state_t dirs[2];
+  int32_t roles_fwd[3] = {FERRY_SLOT_INPUT, FERRY_SLOT_WEIGHT, FERRY_SLOT_OUTPUT};
+  int32_t roles_bwd[2] = {FERRY_SLOT_GRAD_OUTPUT, FERRY_SLOT_GRAD_INPUT};
+  float scale_fwd[3] = {1.0f, 2.0f, 4.0f};
+  float scale_bwd[2] = {0.5f, 0.25f};
+  float hist_fwd[2 * 3] = {1, 2, 3, 4, 5, 6};
+  float hist_bwd[2 * 2] = {7, 8, 9, 10};
+  DLTensor dl;
+  int64_t dl_shape[2] = {2, 8};
+  int rc;
+
+  ferry_writer_options_init(&opts);
+  CHECK(opts.struct_size == sizeof(opts));
+  CHECK(opts.encoding == FERRY_ENCODING_RAW);
+  opts.durable = 0;
+  opts.producer = "c_api_test";
+  rc = ferry_writer_create(path, &opts, &w, &err);
+  CHECK(rc == FERRY_OK);
+  if (rc != FERRY_OK) return rc;
+
+  CHECK_OK(ferry_writer_add_tensor(w, "matrix", FERRY_DTYPE_F32, shape_m, 2, g_matrix,
+                                   sizeof(g_matrix), FERRY_ENCODING_DEFAULT, &err));
+  CHECK_OK(ferry_writer_add_tensor(w, "bf16", FERRY_DTYPE_BF16, shape_b, 1, g_bf16, sizeof(g_bf16),
+                                   FERRY_ENCODING_SHUFFLE_ZSTD, &err));
+  CHECK_OK(ferry_writer_add_tensor(w, "fp4", FERRY_DTYPE_F4_E2M1FN, shape_f4, 1, g_fp4,
+                                   sizeof(g_fp4), FERRY_ENCODING_RAW, &err));
+  CHECK_OK(ferry_writer_add_tensor(w, "scalar", FERRY_DTYPE_I64, NULL, 0, &g_scalar,
+                                   sizeof(g_scalar), FERRY_ENCODING_DEFAULT, &err));
+
+  /* A DLTensor source, as other frameworks hand them over. */
+  memset(&dl, 0, sizeof(dl));
+  dl.data = g_fp8;
+  dl.device.device_type = kDLCPU;
+  dl.device.device_id = 0;
+  dl.ndim = 2;
+  dl.dtype.code = kDLFloat8_e4m3fn;
+  dl.dtype.bits = 8;
+  dl.dtype.lanes = 1;
+  dl.shape = dl_shape;
+  dl.strides = NULL;
+  CHECK_OK(ferry_writer_add_dltensor(w, "fp8", &dl, FERRY_ENCODING_DEFAULT, &err));
+
+  /* A device DLTensor is refused with a message, not dereferenced. */
+  dl.device.device_type = kDLCUDA;
+  rc = ferry_writer_add_dltensor(w, "on_gpu", &dl, FERRY_ENCODING_DEFAULT, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(err.code == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "'on_gpu'"));
+  CHECK(contains(err.message, "host memory"));
+
+  /* Wrong byte count names the tensor. */
+  rc = ferry_writer_add_tensor(w, "short", FERRY_DTYPE_F32, shape_m, 2, g_matrix, 8,
+                               FERRY_ENCODING_DEFAULT, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "'short'"));
+  rc = ferry_writer_add_tensor(w, "bad_dtype", 99, shape_m, 2, g_matrix, sizeof(g_matrix),
+                               FERRY_ENCODING_DEFAULT, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+
+  CHECK_OK(ferry_writer_set_metadata(w, "step", "1200", &err));
+  CHECK_OK(ferry_writer_set_metadata(w, "framework", "c", &err));
+
+  ferry_recipe_init(&recipe, FERRY_RECIPE_DELAYED_SCALING);
+  CHECK(recipe.fp8_format == FERRY_FP8_FORMAT_HYBRID);
+  CHECK(recipe.amax_history_len == 1024);
+  CHECK(recipe.reduce_amax == 1);
+  recipe.margin = 2;
+  recipe.amax_history_len = 2;
+  recipe.amax_compute_algo = FERRY_AMAX_COMPUTE_MOST_RECENT;
+  recipe.fp8_mha = 1;
+  dirs[0].direction = FERRY_DIRECTION_FORWARD;
+  dirs[0].num_gemms = 1;
+  dirs[0].num_slots = 3;
+  dirs[0].history_len = 2;
+  dirs[0].slot_roles = roles_fwd;
+  dirs[0].scale = scale_fwd;
+  dirs[0].amax_history = hist_fwd;
+  dirs[1].direction = FERRY_DIRECTION_BACKWARD;
+  dirs[1].num_gemms = 1;
+  dirs[1].num_slots = 2;
+  dirs[1].history_len = 2;
+  dirs[1].slot_roles = roles_bwd;
+  dirs[1].scale = scale_bwd;
+  dirs[1].amax_history = hist_bwd;
+  CHECK_OK(ferry_writer_add_scaling_state(w, "layers.0.fc1", &recipe, dirs, 2, &err));
+
+  ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
+  rc = ferry_writer_add_scaling_state(w, "custom_without_name", &recipe, NULL, 0, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  recipe.custom_name = "my_recipe";
+  CHECK_OK(ferry_writer_add_scaling_state(w, "layers.1.custom", &recipe, NULL, 0, &err));
+
+  rc = ferry_writer_commit(w, &err);
+  CHECK(rc == FERRY_OK);
+  /* The writer is spent: a second commit is an error, not a crash. */
+  CHECK(ferry_writer_commit(w, &err) == FERRY_INVALID_ARGUMENT);
+  ferry_writer_free(w);
+  return rc;
+}
+
+/* ---- tests ----------------------------------------------------------------------------- */
+
+static void test_version_and_dtypes(void) {
+  DLDataType t;
+  int32_t d, back;
+  uint64_t n;
+  ferry_error_t err;
+  CHECK(strcmp(ferry_version(), FERRY_VERSION_STRING) == 0);
+  CHECK(ferry_format_version() == 1);
+  CHECK(FERRY_VERSION ==
+        FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH);
+  CHECK(strcmp(ferry_status_name(FERRY_DATA_LOSS), "DataLoss") == 0);
+  CHECK(strcmp(ferry_status_name(1234), "Unknown") == 0);
+  CHECK(strcmp(ferry_dtype_name(FERRY_DTYPE_F8_E4M3FN), "F8_E4M3FN") == 0);
+  CHECK(strcmp(ferry_dtype_name(-1), "?") == 0);
+  CHECK_OK(ferry_dtype_parse("BF16", &d, &err));
+  CHECK(d == FERRY_DTYPE_BF16);
+  CHECK(ferry_dtype_parse("F9", &d, &err) == FERRY_NOT_FOUND);
+
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_F8_E4M3FN, &t, &err));
+  CHECK(t.code == kDLFloat8_e4m3fn && t.code == 10 && t.bits == 8 && t.lanes == 1);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_F8_E5M2FNUZ, &t, &err));
+  CHECK(t.code == kDLFloat8_e5m2fnuz && t.bits == 8);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_F8_E8M0FNU, &t, &err));
+  CHECK(t.code == kDLFloat8_e8m0fnu);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_F6_E3M2FN, &t, &err));
+  CHECK(t.code == kDLFloat6_e3m2fn && t.bits == 6);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_F4_E2M1FN, &t, &err));
+  CHECK(t.code == kDLFloat4_e2m1fn && t.code == 17 && t.bits == 4);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_BF16, &t, &err));
+  CHECK(t.code == kDLBfloat && t.bits == 16);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_C128, &t, &err));
+  CHECK(t.code == kDLComplex && t.bits == 128);
+  CHECK_OK(ferry_dtype_to_dlpack(FERRY_DTYPE_BOOL, &t, &err));
+  CHECK(t.code == kDLBool && t.bits == 8);
+  CHECK(ferry_dtype_to_dlpack(FERRY_NUM_DTYPES, &t, &err) == FERRY_INVALID_ARGUMENT);
+
+  /* Every dtype maps to a distinct DLPack type and back. */
+  for (d = 0; d < FERRY_NUM_DTYPES; ++d) {
+    CHECK_OK(ferry_dtype_to_dlpack(d, &t, &err));
+    CHECK_OK(ferry_dtype_from_dlpack(t, &back, &err));
+    CHECK(back == d);
+  }
+  t.code = kDLFloat;
+  t.bits = 32;
+  t.lanes = 4;
+  CHECK(ferry_dtype_from_dlpack(t, &back, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "lanes 4"));
+
+  CHECK_OK(ferry_dtype_storage_bytes(FERRY_DTYPE_F4_E2M1FN, 5, &n, &err));
+  CHECK(n == 3);
+  CHECK_OK(ferry_dtype_storage_bytes(FERRY_DTYPE_C64, 3, &n, &err));
+  CHECK(n == 24);
+}
+
+static void test_null_handles(void) {
+  ferry_error_t err;
+  ferry_tensor_info_t info;
+  /* free(NULL) and abort(NULL) are no-ops; NULL handles give errors, not crashes. */
+  ferry_writer_free(NULL);
+  ferry_writer_abort(NULL);
+  ferry_reader_free(NULL);
+  ferry_loader_free(NULL);
+  ferry_dlpack_free(NULL);
+  ferry_dlpack_legacy_free(NULL);
+  CHECK(ferry_reader_num_tensors(NULL) == 0);
+  info.struct_size = sizeof(info);
+  CHECK(ferry_reader_tensor_info(NULL, 0, &info, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "reader must not be NULL"));
+  CHECK(ferry_writer_create(NULL, NULL, NULL, NULL) == FERRY_INVALID_ARGUMENT);
+}
+
+static void test_read(const char* path) {
+  ferry_reader_t* r = NULL;
+  ferry_reader_options_t ropts;
+  ferry_tensor_info_t info;
+  ferry_error_t err;
+  ferry_scaling_state_t st;
+  DLManagedTensorVersioned* view = NULL;
+  DLManagedTensor* legacy = NULL;
+  const char* value = NULL;
+  const char* key = NULL;
+  float rows[2][4];
+  uint16_t bf16[3000];
+  int rc;
+
+  ferry_reader_options_init(&ropts);
+  ropts.verify_on_open = 1;
+  rc = ferry_reader_open(path, &ropts, &r, &err);
+  CHECK(rc == FERRY_OK);
+  if (rc != FERRY_OK) {
+    fprintf(stderr, "open: %s\n", err.message);
+    return;
+  }
+  CHECK(strcmp(ferry_reader_path(r), path) == 0);
+  CHECK(ferry_reader_format_version(r) == 1);
+  CHECK(strcmp(ferry_reader_producer(r), "c_api_test") == 0);
+  CHECK(ferry_reader_file_size(r) > 4096);
+  CHECK(ferry_reader_num_tensors(r) == 5);
+
+  /* Name order: bf16, fp4, fp8, matrix, scalar. */
+  info.struct_size = sizeof(info);
+  CHECK_OK(ferry_reader_tensor_info(r, 0, &info, &err));
+  CHECK(strcmp(info.name, "bf16") == 0);
+  CHECK(info.dtype == FERRY_DTYPE_BF16);
+  CHECK(info.encoding == FERRY_ENCODING_SHUFFLE_ZSTD);
+  CHECK(info.nbytes == sizeof(g_bf16));
+  CHECK(info.data_size < info.nbytes);
+  CHECK(info.index == 0);
+  CHECK(ferry_reader_tensor_info(r, 5, &info, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "out of range"));
+
+  CHECK_OK(ferry_reader_find_tensor(r, "matrix", &info, &err));
+  CHECK(info.dtype == FERRY_DTYPE_F32 && info.ndim == 2);
+  CHECK(info.shape[0] == 6 && info.shape[1] == 4);
+  CHECK(info.index == 3);
+  CHECK(info.data_offset % 64 == 0);
+  CHECK_OK(ferry_reader_find_tensor(r, "fp4", &info, &err));
+  CHECK(info.dtype == FERRY_DTYPE_F4_E2M1FN && info.shape[0] == 5 && info.nbytes == 3);
+  CHECK_OK(ferry_reader_find_tensor(r, "scalar", &info, &err));
+  CHECK(info.ndim == 0);
+
+  /* A caller compiled against a shorter struct gets only what fits. */
+  {
+    ferry_tensor_info_t small;
+    memset(&small, 0xAB, sizeof(small));
+    small.struct_size = offsetof(ferry_tensor_info_t, dtype) + sizeof(int32_t);
+    CHECK_OK(ferry_reader_find_tensor(r, "matrix", &small, &err));
+    CHECK(strcmp(small.name, "matrix") == 0);
+    CHECK(small.dtype == FERRY_DTYPE_F32);
+    CHECK(small.struct_size == offsetof(ferry_tensor_info_t, dtype) + sizeof(int32_t));
+    CHECK(small.nbytes == 0xABABABABABABABABull); /* untouched */
+  }
+
+  /* Missing tensor: NOT_FOUND, the message names the file and the tensor. */
+  err.code = 0;
+  rc = ferry_reader_find_tensor(r, "nope", &info, &err);
+  CHECK(rc == FERRY_NOT_FOUND);
+  CHECK(err.code == FERRY_NOT_FOUND);
+  CHECK(contains(err.message, path));
+  CHECK(contains(err.message, "'nope'"));
+  /* The error struct is optional. */
+  CHECK(ferry_reader_find_tensor(r, "nope", &info, NULL) == FERRY_NOT_FOUND);
+
+  /* Metadata. */
+  CHECK(ferry_reader_num_metadata(r) == 2);
+  CHECK_OK(ferry_reader_metadata_at(r, 0, &key, &value, &err));
+  CHECK(strcmp(key, "framework") == 0 && strcmp(value, "c") == 0);
+  CHECK_OK(ferry_reader_metadata_get(r, "step", &value, &err));
+  CHECK(strcmp(value, "1200") == 0);
+  CHECK(ferry_reader_metadata_get(r, "epoch", &value, &err) == FERRY_NOT_FOUND);
+  CHECK(contains(err.message, "'epoch'"));
+
+  /* Scaling state comes back as data. */
+  CHECK(ferry_reader_num_scaling_states(r) == 2);
+  st.struct_size = sizeof(st);
+  CHECK_OK(ferry_reader_find_scaling_state(r, "layers.0.fc1", &st, &err));
+  CHECK(st.recipe.kind == FERRY_RECIPE_DELAYED_SCALING);
+  CHECK(st.recipe.margin == 2);
+  CHECK(st.recipe.amax_history_len == 2);
+  CHECK(st.recipe.amax_compute_algo == FERRY_AMAX_COMPUTE_MOST_RECENT);
+  CHECK(st.recipe.fp8_format == FERRY_FP8_FORMAT_HYBRID);
+  CHECK(st.recipe.fp8_mha == 1 && st.recipe.fp8_dpa == 0 && st.recipe.reduce_amax == 1);
+  CHECK(st.num_states == 2);
+  if (st.num_states == 2) {
+    CHECK(st.states[0].direction == FERRY_DIRECTION_FORWARD);
+    CHECK(st.states[0].num_slots == 3 && st.states[0].history_len == 2);
+    CHECK(st.states[0].slot_roles[1] == FERRY_SLOT_WEIGHT);
+    CHECK(st.states[0].scale[2] == 4.0f);
+    CHECK(st.states[0].amax_history[5] == 6.0f);
+    CHECK(st.states[1].direction == FERRY_DIRECTION_BACKWARD);
+    CHECK(st.states[1].slot_roles[0] == FERRY_SLOT_GRAD_OUTPUT);
+    CHECK(st.states[1].amax_history[3] == 10.0f);
+  }
+  CHECK_OK(ferry_reader_scaling_state_at(r, 1, &st, &err));
+  CHECK(strcmp(st.module, "layers.1.custom") == 0);
+  CHECK(st.recipe.kind == FERRY_RECIPE_CUSTOM);
+  CHECK(strcmp(st.recipe.custom_name, "my_recipe") == 0);
+  CHECK(st.num_states == 0);
+  CHECK(ferry_reader_find_scaling_state(r, "layers.9", &st, &err) == FERRY_NOT_FOUND);
+
+  /* Copies, whole and by rows; compressed tensors decode. */
+  memset(bf16, 0, sizeof(bf16));
+  CHECK_OK(ferry_reader_read_into(r, "bf16", bf16, sizeof(bf16), FERRY_READ_VERIFY, &err));
+  CHECK(memcmp(bf16, g_bf16, sizeof(bf16)) == 0);
+  CHECK_OK(ferry_reader_read_rows_into(r, "matrix", 2, 4, rows, sizeof(rows), 0, &err));
+  CHECK(rows[0][0] == 20.0f && rows[1][3] == 33.0f);
+  CHECK(ferry_reader_read_rows_into(r, "matrix", 4, 9, rows, sizeof(rows), 0, &err) ==
+        FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "'matrix'"));
+  CHECK(ferry_reader_read_into(r, "matrix", rows, sizeof(rows), 0, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "destination holds 32"));
+  CHECK_OK(ferry_reader_verify(r, "bf16", &err));
+  CHECK_OK(ferry_reader_verify(r, NULL, &err));
+
+  /* Zero-copy view: read-only, CPU, dense; it outlives the reader. */
+  CHECK(ferry_reader_view(r, "bf16", 0, &view, &err) == FERRY_UNIMPLEMENTED);
+  CHECK(contains(err.message, "ReadInto"));
+  CHECK_OK(ferry_reader_view(r, "matrix", FERRY_READ_VERIFY, &view, &err));
+  ferry_reader_free(r);
+  r = NULL;
+  if (view != NULL) {
+    const DLTensor* t = &view->dl_tensor;
+    CHECK(view->version.major == 1);
+    CHECK((view->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
+    CHECK(t->device.device_type == kDLCPU);
+    CHECK(t->ndim == 2 && t->shape[0] == 6 && t->shape[1] == 4);
+    CHECK(t->strides[0] == 4 && t->strides[1] == 1);
+    CHECK(t->dtype.code == kDLFloat && t->dtype.bits == 32 && t->dtype.lanes == 1);
+    CHECK(t->byte_offset == 0);
+    CHECK(memcmp(t->data, g_matrix, sizeof(g_matrix)) == 0);
+    /* Legacy wrapping owns the versioned tensor. */
+    CHECK_OK(ferry_dlpack_to_legacy(view, &legacy, &err));
+    CHECK(legacy->dl_tensor.data == t->data);
+    CHECK(legacy->dl_tensor.shape[1] == 4);
+    ferry_dlpack_legacy_free(legacy);
+  }
+}
+
+static void test_loader_host(const char* path) {
+  ferry_reader_t* r = NULL;
+  ferry_loader_t* l = NULL;
+  ferry_loader_options_t lopts;
+  ferry_error_t err;
+  DLManagedTensorVersioned* all[5];
+  DLManagedTensorVersioned* some[2];
+  ferry_load_request_t req[2];
+  uint8_t fp4_buf[3];
+  size_t i;
+
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  ferry_loader_options_init(&lopts);
+  CHECK(lopts.struct_size == sizeof(lopts));
+  CHECK(lopts.staging_bytes > 0 && lopts.chunk_bytes > 0);
+  lopts.threads = 2;
+  lopts.verify = 1;
+  CHECK_OK(ferry_loader_create(&lopts, &l, &err));
+  if (r == NULL || l == NULL) {
+    ferry_reader_free(r);
+    ferry_loader_free(l);
+    return;
+  }
+
+  /* Every tensor, loader-allocated host memory. */
+  memset(all, 0, sizeof(all));
+  CHECK_OK(ferry_loader_load_to_host(l, r, NULL, 0, all, &err));
+  if (all[3] != NULL) {
+    CHECK(all[3]->dl_tensor.device.device_type == kDLCPU);
+    CHECK((all[3]->flags & DLPACK_FLAG_BITMASK_READ_ONLY) == 0);
+    CHECK((all[3]->flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0);
+    CHECK(memcmp(all[3]->dl_tensor.data, g_matrix, sizeof(g_matrix)) == 0);
+    CHECK(memcmp(all[0]->dl_tensor.data, g_bf16, sizeof(g_bf16)) == 0);
+    CHECK(*(const int64_t*)all[4]->dl_tensor.data == -42);
+    CHECK(all[4]->dl_tensor.ndim == 0);
+    CHECK(all[1]->dl_tensor.dtype.bits == 4 && all[1]->dl_tensor.shape[0] == 5);
+  }
+  for (i = 0; i < 5; ++i) ferry_dlpack_free(all[i]);
+
+  /* A row range into loader memory, and a whole tensor into a caller buffer. */
+  ferry_load_request_init(&req[0], "matrix");
+  req[0].row_begin = 1;
+  req[0].row_end = 3;
+  ferry_load_request_init(&req[1], "fp4");
+  req[1].dst = fp4_buf;
+  req[1].dst_bytes = sizeof(fp4_buf);
+  memset(some, 0, sizeof(some));
+  CHECK_OK(ferry_loader_load_to_host(l, r, req, 2, some, &err));
+  if (some[0] != NULL && some[1] != NULL) {
+    const float* rows = (const float*)some[0]->dl_tensor.data;
+    CHECK(some[0]->dl_tensor.shape[0] == 2 && some[0]->dl_tensor.shape[1] == 4);
+    CHECK(rows[0] == 10.0f && rows[7] == 23.0f);
+    CHECK(some[1]->dl_tensor.data == (void*)fp4_buf);
+    CHECK((some[1]->flags & DLPACK_FLAG_BITMASK_IS_COPIED) == 0);
+    CHECK(memcmp(fp4_buf, g_fp4, 3) == 0);
+  }
+  ferry_dlpack_free(some[0]);
+  ferry_dlpack_free(some[1]);
+
+  /* out may be NULL only when nothing is allocated for the caller. */
+  CHECK(ferry_loader_load_to_host(l, r, req, 1, NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK_OK(ferry_loader_load_to_host(l, r, &req[1], 1, NULL, &err));
+
+  ferry_load_request_init(&req[0], "missing");
+  CHECK(ferry_loader_load_to_host(l, r, req, 1, some, &err) == FERRY_NOT_FOUND);
+  CHECK(contains(err.message, "'missing'"));
+
+  if (ferry_cuda_available()) {
+    /* Device load on the current device and the legacy default stream. */
+    DLManagedTensorVersioned* dev[5];
+    memset(dev, 0, sizeof(dev));
+    CHECK_OK(ferry_loader_load(l, r, NULL, 0, NULL, dev, NULL, &err));
+    for (i = 0; i < 5; ++i) {
+      CHECK(dev[i] != NULL && dev[i]->dl_tensor.device.device_type == kDLCUDA);
+      ferry_dlpack_free(dev[i]);
+    }
+    printf("c_api_test: device load checked\n");
+  } else {
+    printf("c_api_test: no CUDA device, device load skipped\n");
+  }
+
+  ferry_loader_free(l);
+  ferry_reader_free(r);
+}
+
+static void test_errors(const char* path) {
+  char missing[600], corrupt[600];
+  ferry_reader_t* r = NULL;
+  ferry_error_t err;
+  ferry_writer_t* w = NULL;
+  FILE* in;
+  FILE* out;
+  long size;
+  char* bytes;
+  int rc;
+
+  path_of(missing, sizeof(missing), "does_not_exist.ferry");
+  rc = ferry_reader_open(missing, NULL, &r, &err);
+  CHECK(rc == FERRY_NOT_FOUND);
+  CHECK(r == NULL);
+  CHECK(contains(err.message, "does_not_exist.ferry"));
+
+  /* Flip a byte of the footer: the checksum catches it and the message has an offset. */
+  path_of(corrupt, sizeof(corrupt), "corrupt.ferry");
+  in = fopen(path, "rb");
+  CHECK(in != NULL);
+  if (in == NULL) return;
+  fseek(in, 0, SEEK_END);
+  size = ftell(in);
+  fseek(in, 0, SEEK_SET);
+  bytes = (char*)malloc((size_t)size);
+  CHECK(fread(bytes, 1, (size_t)size, in) == (size_t)size);
+  fclose(in);
+  bytes[size - 40] ^= 0x5a;
+  out = fopen(corrupt, "wb");
+  CHECK(fwrite(bytes, 1, (size_t)size, out) == (size_t)size);
+  fclose(out);
+  free(bytes);
+  rc = ferry_reader_open(corrupt, NULL, &r, &err);
+  CHECK(rc == FERRY_DATA_LOSS);
+  CHECK(contains(err.message, "corrupt.ferry"));
+  CHECK(contains(err.message, "offset"));
+  remove(corrupt);
+
+  /* A writer that is freed without commit leaves the old file untouched. */
+  CHECK_OK(ferry_writer_create(path, NULL, &w, &err));
+  CHECK_OK(ferry_writer_add_tensor(w, "x", FERRY_DTYPE_U8, NULL, 0, "a", 1, FERRY_ENCODING_DEFAULT,
+                                   &err));
+  ferry_writer_abort(w);
+  ferry_writer_abort(w);
+  ferry_writer_free(w);
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  CHECK(ferry_reader_num_tensors(r) == 5);
+  ferry_reader_free(r);
+
+  /* Bad options are refused with a message. */
+  {
+    ferry_writer_options_t opts;
+    ferry_writer_options_init(&opts);
+    opts.struct_size = 0;
+    CHECK(ferry_writer_create(corrupt, &opts, &w, &err) == FERRY_INVALID_ARGUMENT);
+    CHECK(contains(err.message, "struct_size"));
+    CHECK(!file_exists(corrupt));
+  }
+}
+
+int main(int argc, char** argv) {
+  char path[600];
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s <scratch directory>\n", argv[0]);
+    return 2;
+  }
+  snprintf(g_dir, sizeof(g_dir), "%s", argv[1]);
+  path_of(path, sizeof(path), "c_api_test.ferry");
+  make_fixtures();
+
+  test_version_and_dtypes();
+  test_null_handles();
+  if (write_checkpoint(path) == FERRY_OK) {
+    test_read(path);
+    test_loader_host(path);
+    test_errors(path);
+  }
+  remove(path);
+
+  printf("c_api_test: %d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
