@@ -4,6 +4,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -77,6 +81,40 @@ void Unshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
   }
   size_t done = count * itemsize;
   std::memcpy(dst + done, src + done, n - done);
+}
+
+void StreamingCopy(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+  if (n < 4096) {
+    std::memcpy(d, s, n);
+    return;
+  }
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  size_t blocks = n / 64;
+  for (size_t i = 0; i < blocks; ++i) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+    s += 64;
+    d += 64;
+  }
+  // Streaming stores are weakly ordered: fence before the DMA is enqueued by this thread.
+  _mm_sfence();
+  std::memcpy(d, s, n - blocks * 64);
+#else
+  std::memcpy(dst, src, n);
+#endif
 }
 
 size_t ShuffleWidth(DType dtype) {

@@ -30,6 +30,11 @@ class StreamingChecksum {
 void Shuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize);
 void Unshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize);
 
+// memcpy with non-temporal stores where the destination allows it: the bytes go to memory
+// without first reading the destination lines into cache, which matters for pinned staging
+// buffers that only the DMA engine reads next.
+void StreamingCopy(void* dst, const void* src, size_t n);
+
 // The element width the byte shuffle uses for `dtype` (1 means shuffling is a no-op).
 size_t ShuffleWidth(DType dtype);
 

@@ -37,6 +37,9 @@ struct Resolved {
   uint64_t file_offset = 0;  // for ordering reads
   TensorInfo info;
   uint8_t* dst = nullptr;
+  // Destinations with the same id belong to one allocation; a single DMA may only span
+  // pieces of one allocation (adjacent cudaMalloc blocks are not one copyable range).
+  uint64_t alloc_id = 0;
 };
 
 struct Piece {
@@ -488,8 +491,8 @@ class Loader::Impl {
     uint64_t off = 0;
     for (uint32_t i = batch.first; i < batch.last; ++i) {
       const Piece& p = pieces[i];
-      FERRY_RETURN_IF_ERROR(
-          r.ReadRange(res[p.r].tensor, p.begin, p.len, slot.data + off, verify));
+      FERRY_RETURN_IF_ERROR(r.ReadRange(res[p.r].tensor, p.begin, p.len, slot.data + off, verify,
+                                        options.streaming_stores));
       off += AlignUp(p.len, 64);
     }
     // One DMA per run of pieces whose destinations are contiguous (up to alignment gaps).
@@ -506,7 +509,10 @@ class Loader::Impl {
         const Piece& q = pieces[j];
         uint8_t* qdst = res[q.r].dst + q.dst_off;
         // The staging offset of q must mirror its destination offset within the run.
-        if (qdst < dst || static_cast<uint64_t>(qdst - dst) != off - run_src) break;
+        if (res[q.r].alloc_id != res[p.r].alloc_id || qdst < dst ||
+            static_cast<uint64_t>(qdst - dst) != off - run_src) {
+          break;
+        }
         run_len = (off - run_src) + q.len;
         off += AlignUp(q.len, 64);
         ++j;
@@ -558,12 +564,14 @@ class Loader::Impl {
       t.info = rr.info;
       t.nbytes = rr.len;
       t.device = dev;
+      rr.alloc_id = k + 2;
       if (rr.dst != nullptr || rr.len == 0) {
         t.data = rr.dst;
         continue;
       }
       if (arena_off[k] != UINT64_MAX) {
         rr.dst = static_cast<uint8_t*>(arena.get()) + arena_off[k];
+        rr.alloc_id = 1;
         t.owner = std::shared_ptr<void>(arena, rr.dst);
       } else if (alloc != nullptr) {
         void* p = alloc->allocate(rr.len, reinterpret_cast<Stream>(stream));

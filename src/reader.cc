@@ -492,7 +492,7 @@ Status Reader::Impl::DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* sc
 }
 
 Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
-                               bool verify) const {
+                               bool verify, bool streaming) const {
   const fb::Tensor* t = at(i);
   uint64_t end;
   if (AddOverflows(begin, len, &end) || end > t->nbytes()) {
@@ -507,7 +507,11 @@ Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* 
         FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, base() + t->data_offset() + b * bs));
       }
     }
-    std::memcpy(dst, base() + t->data_offset() + begin, len);
+    if (streaming) {
+      StreamingCopy(dst, base() + t->data_offset() + begin, len);
+    } else {
+      std::memcpy(dst, base() + t->data_offset() + begin, len);
+    }
     return Status::Ok();
   }
   std::vector<uint8_t> block, scratch;

@@ -50,7 +50,10 @@ class Reader::Impl {
   Status DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch, bool verify) const;
   Status VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const;
   // Copies raw bytes [begin, begin + len) of tensor i into dst, decoding as needed.
-  Status ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, bool verify) const;
+  // `streaming` copies raw bytes with non-temporal stores (for DMA staging buffers that the
+  // CPU will not read again).
+  Status ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, bool verify,
+                   bool streaming = false) const;
   // Byte range of rows [row_begin, row_end) of dim 0.
   Result<std::pair<uint64_t, uint64_t>> RowRange(size_t i, int64_t row_begin,
                                                  int64_t row_end) const;

@@ -68,6 +68,8 @@ struct LoaderOptions {
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
   // Check block checksums while loading.
   bool verify = false;
+  // Fill staging slots with non-temporal stores (see benchmarks/README.md for the effect).
+  bool streaming_stores = true;
 };
 
 // One tensor (or a row range of one) to load. With `dst` null the loader allocates;
