@@ -1,0 +1,656 @@
+"""TensorFerry: device-agnostic tensor checkpoints that load onto the caller's current GPU.
+
+    import tensorferry
+    tensorferry.save_file({"w": array}, "model.ferry", metadata={"step": "10"})
+    arrays = tensorferry.load_file("model.ferry")                   # numpy, on the host
+    tensors = tensorferry.load_file("model.ferry", device="cuda")   # torch, current device
+    with tensorferry.safe_open("model.ferry", framework="np") as f:
+        w = f.get_tensor("w")                 # zero-copy, read-only view of the file
+        shard = f.get_slice("w")[0:128]       # rows 0..127 only
+
+Devices: ``"cuda"`` (or ``torch.device("cuda")``) is the current device,
+``torch.cuda.current_device()``, never cuda:0; ``"cuda:N"`` names device N; ``"cpu"`` is host
+memory. Copies to a GPU run on that device's current torch stream.
+
+The package is pure Python over libferry.so through ctypes (see ``_lib`` for where the library
+is looked up). Tensors cross by DLPack (``DLPackTensor``); FP8, FP6, FP4 and bfloat16 reach
+numpy through ml_dtypes.
+"""
+
+import atexit
+import ctypes
+import threading
+
+from . import _dtypes, _lib, _scaling
+from ._dlpack import DLPackTensor, HostBuffer
+from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidArgumentError,
+                   IoError, NotFoundError, ResourceExhaustedError, UnimplementedError,
+                   load_library, library_path)
+
+__all__ = [
+    "save_file", "load_file", "safe_open", "read_metadata", "read_scaling_state", "Reader",
+    "Loader", "TensorInfo", "DLPackTensor", "cuda_available", "version", "load_library",
+    "library_path", "FerryError", "InvalidArgumentError", "NotFoundError", "DataLossError",
+    "ResourceExhaustedError", "UnimplementedError", "InternalError", "CudaError", "IoError",
+]
+
+
+def version():
+    """The loaded library's version, "MAJOR.MINOR.PATCH"."""
+    return _lib.lib().ferry_version().decode()
+
+
+def cuda_available():
+    """True when libferry was built with the CUDA loader and a device is usable."""
+    return bool(_lib.lib().ferry_cuda_available())
+
+
+def _path(p):
+    import os
+
+    return os.fsencode(os.fspath(p))
+
+
+def _name(n):
+    if not isinstance(n, str):
+        raise TypeError("tensorferry: tensor names are str, got %r" % type(n).__name__)
+    return n.encode("utf-8")
+
+
+class TensorInfo:
+    """Description of a stored tensor: name, dtype (a ferry dtype name such as "BF16"),
+    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd")."""
+
+    __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
+
+    def __init__(self, c):
+        self.name = c.name.decode("utf-8")
+        self.dtype = _dtypes.NAMES[c.dtype]
+        self.shape = tuple(c.shape[i] for i in range(c.ndim))
+        self.nbytes = c.nbytes
+        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd"}[c.encoding]
+        self.data_offset = c.data_offset
+        self.data_size = c.data_size
+
+    def __repr__(self):
+        return "TensorInfo(%r, %s, %r, %s)" % (self.name, self.dtype, self.shape, self.encoding)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _storage_bytes(dtype, numel):
+    return (numel + 1) // 2 if dtype == "F4_E2M1FN" else numel * _dtypes.ITEMSIZE.get(dtype, 1)
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+def _host_source(value):
+    """(dtype name, shape, pointer, nbytes, keepalive) of a host copy of `value`."""
+    import numpy as np
+
+    if hasattr(value, "detach") and hasattr(value, "data_ptr"):  # torch.Tensor
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")  # CUDA sources: copied to the host on the current stream
+        name = _dtypes.from_torch(t.dtype)
+        shape = list(t.shape)
+        if name == "F4_E2M1FN":  # float4_e2m1fn_x2: pairs along the last dimension
+            shape = shape[:-1] + [shape[-1] * 2] if shape else [2]
+        if not t.is_contiguous():
+            t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        return name, shape, t.data_ptr(), nbytes, t
+    if not isinstance(value, np.ndarray):
+        if hasattr(value, "__dlpack__") and not hasattr(value, "__array_interface__"):
+            value = np.from_dlpack(value)
+        else:
+            value = np.asarray(value)
+    name = _dtypes.from_numpy(value.dtype)
+    shape = list(value.shape)
+    if name == "F4_E2M1FN":
+        arr = _dtypes.pack_fp4(value.view(np.uint8))
+    else:
+        arr = np.ascontiguousarray(value)
+    return name, shape, arr.ctypes.data, arr.nbytes, arr
+
+
+def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=3, block_size=None,
+              threads=0, durable=True, scaling_state=None, producer=None):
+    """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
+
+    The file appears atomically at commit: a failure leaves any previous file untouched.
+    encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
+    compress best). metadata: dict of str -> str. scaling_state: FP8 scaling state in the
+    structured form of tensorferry._scaling (stored as data, never pickled).
+    """
+    if encoding not in _lib.ENCODINGS:
+        raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
+    L = _lib.lib()
+    opts = _lib.WriterOptions()
+    L.ferry_writer_options_init(ctypes.byref(opts))
+    opts.encoding = _lib.ENCODINGS[encoding]
+    opts.zstd_level = int(zstd_level)
+    opts.threads = int(threads)
+    opts.durable = 1 if durable else 0
+    if block_size is not None:
+        opts.block_size = int(block_size)
+    producer_b = producer.encode("utf-8") if producer else None
+    opts.producer = producer_b
+    handle = ctypes.c_void_p()
+    _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
+    try:
+        for name, value in tensors.items():
+            dtype, shape, ptr, nbytes, keep = _host_source(value)
+            cshape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+            _lib.call("ferry_writer_add_tensor", handle, _name(name), _dtypes.CODES[dtype],
+                      cshape, len(shape), ctypes.c_void_p(ptr), nbytes, _lib.ENCODING_DEFAULT)
+            del keep
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
+                                % (key, value))
+            _lib.call("ferry_writer_set_metadata", handle, key.encode("utf-8"),
+                      value.encode("utf-8"))
+        if scaling_state:
+            _scaling.add_to_writer(handle, scaling_state)
+        _lib.call("ferry_writer_commit", handle)
+    finally:
+        L.ferry_writer_free(handle)
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+
+class Reader:
+    """An open checkpoint (the C reader handle). Thread-safe; views it hands out stay valid
+    after close()."""
+
+    def __init__(self, path, verify=False):
+        L = _lib.lib()
+        opts = _lib.ReaderOptions()
+        L.ferry_reader_options_init(ctypes.byref(opts))
+        opts.verify_on_open = 1 if verify else 0
+        handle = ctypes.c_void_p()
+        _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts), ctypes.byref(handle))
+        self._handle = handle
+        self._lib = L
+        n = L.ferry_reader_num_tensors(handle)
+        self._infos = {}
+        self._order = []
+        for i in range(n):
+            c = _lib.TensorInfo()
+            c.struct_size = ctypes.sizeof(c)
+            _lib.call("ferry_reader_tensor_info", handle, i, ctypes.byref(c))
+            info = TensorInfo(c)
+            self._infos[info.name] = info
+            self._order.append(info.name)
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ValueError("tensorferry: the checkpoint is closed")
+        return self._handle
+
+    def close(self):
+        h, self._handle = self._handle, None
+        if h is not None:
+            self._lib.ferry_reader_free(h)
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def path(self):
+        return self._lib.ferry_reader_path(self.handle).decode("utf-8", "surrogateescape")
+
+    @property
+    def producer(self):
+        return self._lib.ferry_reader_producer(self.handle).decode("utf-8")
+
+    def keys(self):
+        return list(self._order)
+
+    def info(self, name):
+        info = self._infos.get(name)
+        if info is None:
+            # The C library builds the message (file and tensor named) and the error type.
+            c = _lib.TensorInfo()
+            c.struct_size = ctypes.sizeof(c)
+            _lib.call("ferry_reader_find_tensor", self.handle, _name(name), ctypes.byref(c))
+            raise NotFoundError(_lib.NOT_FOUND, "%s: no tensor named %r" % (self.path, name))
+        return info
+
+    def metadata(self):
+        L = self._lib
+        out = {}
+        for i in range(L.ferry_reader_num_metadata(self.handle)):
+            k, v = ctypes.c_char_p(), ctypes.c_char_p()
+            _lib.call("ferry_reader_metadata_at", self.handle, i, ctypes.byref(k), ctypes.byref(v))
+            out[k.value.decode("utf-8")] = v.value.decode("utf-8")
+        return out
+
+    def scaling_state(self):
+        return _scaling.read_all(self.handle)
+
+    def verify(self, name=None):
+        _lib.call("ferry_reader_verify", self.handle, None if name is None else _name(name))
+
+    def view(self, name, verify=False):
+        """A zero-copy read-only DLPackTensor over the file mapping (raw tensors only)."""
+        info = self.info(name)
+        out = ctypes.c_void_p()
+        _lib.call("ferry_reader_view", self.handle, _name(name),
+                  _lib.READ_VERIFY if verify else 0, ctypes.byref(out))
+        return DLPackTensor(out.value, info.dtype)
+
+    def read_into(self, name, ptr, nbytes, rows=None, verify=False):
+        flags = _lib.READ_VERIFY if verify else 0
+        if rows is None:
+            _lib.call("ferry_reader_read_into", self.handle, _name(name), ctypes.c_void_p(ptr),
+                      nbytes, flags)
+        else:
+            _lib.call("ferry_reader_read_rows_into", self.handle, _name(name), rows[0], rows[1],
+                      ctypes.c_void_p(ptr), nbytes, flags)
+
+    def region(self, name, rows=None):
+        """(shape, nbytes) of a tensor or of rows [a, b) of it."""
+        info = self.info(name)
+        shape = info.shape
+        if rows is not None:
+            if not shape:
+                raise InvalidArgumentError(
+                    _lib.INVALID_ARGUMENT, "%s: tensor %r: a scalar has no rows" % (self.path, name))
+            shape = (rows[1] - rows[0],) + tuple(shape[1:])
+        return shape, _storage_bytes(info.dtype, _numel(shape))
+
+
+# ---- numpy --------------------------------------------------------------------------------
+
+
+def _numpy_major():
+    import numpy as np
+
+    return int(np.__version__.split(".")[0])
+
+
+def _numpy_copy(reader, name, rows=None, verify=False):
+    import numpy as np
+
+    info = reader.info(name)
+    shape, nbytes = reader.region(name, rows)
+    if info.dtype == "F4_E2M1FN":
+        raw = np.empty(nbytes, np.uint8)
+        reader.read_into(name, raw.ctypes.data, nbytes, rows, verify)
+        codes = _dtypes.unpack_fp4(raw, _numel(shape))
+        return codes.view(_dtypes.to_numpy(info.dtype)).reshape(shape)
+    out = np.empty(shape, _dtypes.to_numpy(info.dtype))
+    reader.read_into(name, out.ctypes.data, nbytes, rows, verify)
+    return out
+
+
+def _numpy_view(reader, name, verify=False):
+    """Zero-copy read-only view for raw tensors; a copy where a view cannot be had."""
+    import numpy as np
+
+    info = reader.info(name)
+    if info.encoding != "raw" or info.dtype == "F4_E2M1FN" or info.nbytes == 0:
+        arr = _numpy_copy(reader, name, verify=verify)
+        arr.flags.writeable = False
+        return arr
+    t = reader.view(name, verify)
+    if _dtypes.numpy_native(info.dtype) and _numpy_major() >= 2:
+        return np.from_dlpack(t)
+    # numpy's DLPack import knows no bfloat16/FP8/FP6: bytes, viewed as the ml_dtypes type.
+    raw = np.asarray(HostBuffer(t, info.nbytes))
+    return raw.view(_dtypes.to_numpy(info.dtype)).reshape(info.shape)
+
+
+# ---- torch --------------------------------------------------------------------------------
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("tensorferry: framework 'pt' needs torch") from None
+    return torch
+
+
+def _torch_empty(torch, dtype, shape, nbytes, device):
+    tdt = _dtypes.to_torch(dtype)
+    if dtype == "F4_E2M1FN":
+        if tdt is not None and shape and shape[-1] % 2 == 0:
+            return torch.empty(tuple(shape[:-1]) + (shape[-1] // 2,), dtype=tdt, device=device)
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    if tdt is None:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return torch.empty(tuple(shape), dtype=tdt, device=device)
+
+
+def _torch_host(reader, name, rows=None, verify=False):
+    torch = _torch()
+    info = reader.info(name)
+    shape, nbytes = reader.region(name, rows)
+    out = _torch_empty(torch, info.dtype, shape, nbytes, "cpu")
+    if nbytes:
+        reader.read_into(name, out.data_ptr(), nbytes, rows, verify)
+    return out
+
+
+def _cuda_index(torch, device):
+    """The device ordinal `device` means: "cuda" and torch.device("cuda") are the current
+    device (torch.cuda.current_device()), never 0."""
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type != "cuda":
+        raise ValueError("tensorferry: not a CUDA device: %r" % (device,))
+    return torch.cuda.current_device() if d.index is None else d.index
+
+
+_loaders = {}
+_loaders_lock = threading.Lock()
+
+
+def _default_loader(device_index):
+    # One loader per device: a loader's events and staging work for the device it first
+    # loaded to.
+    with _loaders_lock:
+        loader = _loaders.get(device_index)
+        if loader is None:
+            loader = _loaders[device_index] = Loader()
+        return loader
+
+
+@atexit.register
+def _free_loaders():
+    # Pinned memory must go back while the CUDA context still exists.
+    with _loaders_lock:
+        loaders = list(_loaders.values())
+        _loaders.clear()
+    for loader in loaders:
+        loader.close()
+
+
+def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loader=None,
+                     verify=False):
+    """Loads [(name, rows or None)] into new torch tensors on `device` (see _cuda_index),
+    copied on `stream` (default: that device's current torch stream)."""
+    torch = _torch()
+    index = _cuda_index(torch, device)
+    with torch.cuda.device(index):
+        if stream is None:
+            stream = torch.cuda.current_stream(index)
+        # torch.empty allocates from torch's caching allocator on the current stream, so the
+        # memory is stream-ordered exactly like the copies that fill it.
+        with torch.cuda.stream(stream):
+            outs = []
+            targets = []
+            for name, rows in items:
+                info = reader.info(name)
+                shape, nbytes = reader.region(name, rows)
+                t = _torch_empty(torch, info.dtype, shape, nbytes, torch.device("cuda", index))
+                outs.append(t)
+                if nbytes:
+                    targets.append((name, rows, t, nbytes))
+            if targets:
+                (loader or _default_loader(index)).load_into(
+                    reader, targets, stream=stream.cuda_stream, non_blocking=non_blocking)
+    return outs
+
+
+class Loader:
+    """A TensorFerry loader: a pinned staging ring reused across loads. Copies go to the
+    calling thread's current CUDA device, on the given stream. Close it (or let the process
+    exit) while the CUDA context is alive."""
+
+    def __init__(self, staging_bytes=None, chunk_bytes=None, threads=0, verify=False):
+        L = _lib.lib()
+        opts = _lib.LoaderOptions()
+        L.ferry_loader_options_init(ctypes.byref(opts))
+        if staging_bytes is not None:
+            opts.staging_bytes = int(staging_bytes)
+        if chunk_bytes is not None:
+            opts.chunk_bytes = int(chunk_bytes)
+        opts.threads = int(threads)
+        opts.verify = 1 if verify else 0
+        handle = ctypes.c_void_p()
+        _lib.call("ferry_loader_create", ctypes.byref(opts), ctypes.byref(handle))
+        self._handle = handle
+        self._lib = L
+        self._lock = threading.Lock()
+
+    def close(self):
+        with self._lock:
+            h, self._handle = self._handle, None
+        if h is not None:
+            self._lib.ferry_loader_free(h)
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _requests(self, items):
+        reqs = (_lib.LoadRequest * max(1, len(items)))()
+        keep = []
+        for i, (name, rows, ptr, nbytes) in enumerate(items):
+            b = _name(name)
+            keep.append(b)
+            reqs[i].name = b
+            reqs[i].row_begin = rows[0] if rows else 0
+            reqs[i].row_end = rows[1] if rows else -1
+            reqs[i].dst = ptr
+            reqs[i].dst_bytes = nbytes
+        return reqs, keep
+
+    def load_into(self, reader, targets, stream=None, non_blocking=False):
+        """Copies tensors into caller buffers on the current device: targets is a list of
+        (name, rows or None, destination, nbytes), destination a torch tensor or a device
+        pointer. `stream` is a cudaStream_t as int (None: the legacy default stream). Without
+        non_blocking the call waits for `stream`."""
+        items = [(n, r, d.data_ptr() if hasattr(d, "data_ptr") else int(d), nb)
+                 for n, r, d, nb in targets]
+        reqs, keep = self._requests(items)
+        fn = "ferry_loader_load_async" if non_blocking else "ferry_loader_load"
+        _lib.call(fn, self._handle, reader.handle, reqs, len(items), None, None,
+                  ctypes.c_void_p(stream or 0))
+        del keep
+
+    def load(self, reader, names=None, stream=None):
+        """Loads tensors (default: all) into memory the loader allocates on the current device
+        (cudaMallocAsync on `stream`), waits for `stream`, and returns {name: DLPackTensor}
+        for any DLPack consumer (torch, cupy, jax)."""
+        return self._load(reader, names, stream, host=False)
+
+    def load_to_host(self, reader, names=None):
+        """As load, into host memory (needs no GPU); returns {name: DLPackTensor}."""
+        return self._load(reader, names, None, host=True)
+
+    def _load(self, reader, names, stream, host):
+        names = reader.keys() if names is None else list(names)
+        items = [(n, None, None, 0) for n in names]
+        reqs, keep = self._requests(items)
+        out = (ctypes.c_void_p * max(1, len(items)))()
+        if not items:
+            return {}
+        if host:
+            _lib.call("ferry_loader_load_to_host", self._handle, reader.handle, reqs, len(items),
+                      out)
+        else:
+            _lib.call("ferry_loader_load", self._handle, reader.handle, reqs, len(items), None,
+                      out, ctypes.c_void_p(stream or 0))
+        del keep
+        return {n: DLPackTensor(out[i], reader.info(n).dtype) for i, n in enumerate(names)}
+
+
+# ---- public reading API -------------------------------------------------------------------
+
+
+def _resolve(framework, device):
+    """(framework, device) with framework "np" or "pt" and device "cpu" or a CUDA spec."""
+    torch_device = type(device).__name__ == "device" and type(device).__module__ == "torch"
+    if device is None:
+        device = "cpu"
+    is_cpu = (str(device) == "cpu")
+    if framework is None:
+        framework = "np" if is_cpu and not torch_device else "pt"
+    framework = {"numpy": "np", "torch": "pt", "pytorch": "pt"}.get(framework, framework)
+    if framework not in ("np", "pt"):
+        raise ValueError("tensorferry: framework must be 'np' or 'pt', got %r" % (framework,))
+    if not is_cpu:
+        if framework == "np":
+            raise ValueError("tensorferry: numpy arrays live on the host; use device='cpu' or "
+                             "framework='pt' for %r" % (device,))
+        if not (isinstance(device, int) or str(device).startswith("cuda")):
+            raise ValueError("tensorferry: device must be 'cpu', 'cuda' or 'cuda:N', got %r"
+                             % (device,))
+    return framework, ("cpu" if is_cpu else device)
+
+
+def load_file(path, device=None, framework=None, verify=False):
+    """Loads every tensor of a checkpoint into a dict.
+
+    device None or "cpu": numpy arrays (writable copies), or torch CPU tensors with
+    framework="pt". device "cuda" (the current device), "cuda:N" or a torch.device: torch
+    tensors on that device, copied on its current torch stream (the call returns once they
+    are complete). FP6 tensors come to torch as uint8; FP4 as float4_e2m1fn_x2 (uint8 bytes
+    when the last dimension is odd).
+    """
+    framework, device = _resolve(framework, device)
+    with Reader(path) as r:
+        names = r.keys()
+        if framework == "np":
+            return {n: _numpy_copy(r, n, verify=verify) for n in names}
+        if device == "cpu":
+            return {n: _torch_host(r, n, verify=verify) for n in names}
+        return dict(zip(names, _torch_cuda_load(r, [(n, None) for n in names], device,
+                                               verify=verify)))
+
+
+def read_metadata(path):
+    """The checkpoint's string metadata as a dict."""
+    with Reader(path) as r:
+        return r.metadata()
+
+
+def read_scaling_state(path):
+    """The FP8 scaling state, structured (see tensorferry._scaling), with numpy arrays."""
+    with Reader(path) as r:
+        return r.scaling_state()
+
+
+class safe_open:
+    """Lazy access to a checkpoint, in the shape of safetensors.safe_open.
+
+    framework "np": device must be "cpu"; get_tensor returns zero-copy read-only views of the
+    file for raw-encoded tensors (copies for compressed and FP4 tensors). framework "pt":
+    device "cpu" gives torch copies; "cuda" (current device), "cuda:N" load to the GPU on
+    its current torch stream.
+    """
+
+    def __init__(self, filename, framework="np", device="cpu", verify=False):
+        self._framework, self._device = _resolve(framework, device)
+        self._verify = verify
+        self._reader = Reader(filename)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self._reader.close()
+
+    def keys(self):
+        return self._reader.keys()
+
+    def metadata(self):
+        return self._reader.metadata()
+
+    def scaling_state(self):
+        return self._reader.scaling_state()
+
+    def info(self, name):
+        return self._reader.info(name)
+
+    def get_tensor(self, name):
+        return self._get(name, None)
+
+    def get_slice(self, name):
+        self._reader.info(name)
+        return _Slice(self, name)
+
+    def _get(self, name, rows):
+        r = self._reader
+        if self._framework == "np":
+            if rows is None:
+                return _numpy_view(r, name, self._verify)
+            info = r.info(name)
+            if info.encoding == "raw" and info.dtype != "F4_E2M1FN" and not self._verify:
+                return _numpy_view(r, name)[rows[0]:rows[1]]
+            return _numpy_copy(r, name, rows, self._verify)
+        if self._device == "cpu":
+            return _torch_host(r, name, rows, self._verify)
+        return _torch_cuda_load(r, [(name, rows)], self._device, verify=self._verify)[0]
+
+
+class _Slice:
+    """Row access to one tensor: slice[a:b] reads only rows a..b-1 of dimension 0; further
+    indices apply to the rows read."""
+
+    def __init__(self, owner, name):
+        self._owner = owner
+        self._name = name
+        self._info = owner._reader.info(name)
+
+    def get_shape(self):
+        return list(self._info.shape)
+
+    def get_dtype(self):
+        return self._info.dtype
+
+    def __getitem__(self, key):
+        rest = ()
+        if isinstance(key, tuple):
+            key, rest = (key[0], key[1:]) if key else (slice(None), ())
+        shape = self._info.shape
+        if not shape:
+            raise IndexError("tensorferry: %r is a scalar" % self._name)
+        n = shape[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step == 1:
+                lo, hi, sub = start, max(start, stop), None
+            else:
+                lo, hi, sub = 0, n, slice(start, stop, step)
+        else:
+            k = int(key)
+            if k < 0:
+                k += n
+            if not 0 <= k < n:
+                raise IndexError("tensorferry: row %d out of range for %r with %d rows"
+                                 % (int(key), self._name, n))
+            lo, hi, sub = k, k + 1, 0
+        out = self._owner._get(self._name, (lo, hi))
+        index = ((sub,) if sub is not None else (slice(None),)) + tuple(rest)
+        if sub is None and not rest:
+            return out
+        return out[index]

@@ -1,0 +1,408 @@
+"""ctypes declarations of the C API (include/ferry/ferry.h) and the library loader.
+
+Where libferry.so comes from, first match wins:
+1. ``tensorferry.load_library(path)``, called before anything else touches the library;
+2. the ``TENSORFERRY_LIBRARY`` environment variable (a path to libferry.so);
+3. ``libferry.so`` (or ``libferry.so.<N>``) inside the installed package directory;
+4. a CMake build tree of the source checkout this package sits in
+   (``<repo>/build*/src/libferry.so``; the most recently built one);
+5. the system's library path (``ctypes.util.find_library("ferry")``).
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+
+c_int32 = ctypes.c_int32
+c_uint32 = ctypes.c_uint32
+c_int64 = ctypes.c_int64
+c_uint64 = ctypes.c_uint64
+c_size_t = ctypes.c_size_t
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+POINTER = ctypes.POINTER
+
+ERROR_MESSAGE_SIZE = 1024
+
+# Status codes (ferry/ferry.h, equal to ferry::StatusCode).
+OK = 0
+INVALID_ARGUMENT = 1
+NOT_FOUND = 2
+DATA_LOSS = 3
+RESOURCE_EXHAUSTED = 4
+UNIMPLEMENTED = 5
+INTERNAL = 6
+CUDA_ERROR = 7
+IO_ERROR = 8
+
+ENCODING_DEFAULT = -1
+ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2}
+
+READ_VERIFY = 1
+
+DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
+DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
+KDLCPU = 1
+KDLCUDA = 2
+KDLCUDAHOST = 3
+
+
+# ---- DLPack 1.x structures ----------------------------------------------------------------
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", c_uint32), ("minor", c_uint32)]
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", DLDevice),
+        ("ndim", c_int32),
+        ("dtype", DLDataType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", c_void_p),
+        ("deleter", c_void_p),
+        ("flags", c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+# ---- ferry structures ---------------------------------------------------------------------
+
+
+class Error(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * ERROR_MESSAGE_SIZE)]
+
+
+class WriterOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("block_size", c_uint64),
+        ("encoding", c_int32),
+        ("zstd_level", c_int32),
+        ("min_savings", ctypes.c_double),
+        ("threads", c_int32),
+        ("durable", c_int32),
+        ("producer", c_char_p),
+    ]
+
+
+class Recipe(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("kind", c_int32),
+        ("fp8_format", c_int32),
+        ("margin", c_int32),
+        ("amax_history_len", c_int32),
+        ("amax_compute_algo", c_int32),
+        ("reduce_amax", c_int32),
+        ("fp8_dpa", c_int32),
+        ("fp8_mha", c_int32),
+        ("x_block_scaling_dim", c_int32),
+        ("w_block_scaling_dim", c_int32),
+        ("grad_block_scaling_dim", c_int32),
+        ("disable_rht", c_int32),
+        ("disable_stochastic_rounding", c_int32),
+        ("disable_2d_quantization", c_int32),
+        ("custom_name", c_char_p),
+        ("custom_qfactory", c_char_p),
+    ]
+
+
+class DirectionState(ctypes.Structure):
+    _fields_ = [
+        ("direction", c_int32),
+        ("num_gemms", c_int32),
+        ("num_slots", c_int32),
+        ("history_len", c_int32),
+        ("slot_roles", POINTER(c_int32)),
+        ("scale", POINTER(ctypes.c_float)),
+        ("amax_history", POINTER(ctypes.c_float)),
+    ]
+
+
+class ScalingState(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("module", c_char_p),
+        ("recipe", Recipe),
+        ("num_states", c_size_t),
+        ("states", POINTER(DirectionState)),
+    ]
+
+
+class ReaderOptions(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("verify_on_open", c_int32)]
+
+
+class TensorInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("name", c_char_p),
+        ("dtype", c_int32),
+        ("ndim", c_int32),
+        ("shape", POINTER(c_int64)),
+        ("nbytes", c_uint64),
+        ("data_offset", c_uint64),
+        ("data_size", c_uint64),
+        ("encoding", c_int32),
+        ("block_size", c_uint64),
+        ("index", c_size_t),
+    ]
+
+
+class LoaderOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("staging_bytes", c_uint64),
+        ("chunk_bytes", c_uint64),
+        ("threads", c_int32),
+        ("host_path", c_int32),
+        ("pinned_alloc", c_int32),
+        ("verify", c_int32),
+    ]
+
+
+class LoadRequest(ctypes.Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("row_begin", c_int64),
+        ("row_end", c_int64),
+        ("dst", c_void_p),
+        ("dst_bytes", c_uint64),
+    ]
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+class FerryError(RuntimeError):
+    """A TensorFerry call failed. ``code`` is the C status code, ``status`` its name."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.status = _STATUS_NAMES.get(code, "Unknown")
+
+
+class InvalidArgumentError(FerryError, ValueError):
+    pass
+
+
+class NotFoundError(FerryError, LookupError):
+    pass
+
+
+class DataLossError(FerryError):
+    pass
+
+
+class ResourceExhaustedError(FerryError, MemoryError):
+    pass
+
+
+class UnimplementedError(FerryError, NotImplementedError):
+    pass
+
+
+class InternalError(FerryError):
+    pass
+
+
+class CudaError(FerryError):
+    pass
+
+
+class IoError(FerryError, OSError):
+    pass
+
+
+_STATUS_NAMES = {
+    OK: "OK",
+    INVALID_ARGUMENT: "InvalidArgument",
+    NOT_FOUND: "NotFound",
+    DATA_LOSS: "DataLoss",
+    RESOURCE_EXHAUSTED: "ResourceExhausted",
+    UNIMPLEMENTED: "Unimplemented",
+    INTERNAL: "Internal",
+    CUDA_ERROR: "CudaError",
+    IO_ERROR: "IoError",
+}
+
+_ERROR_TYPES = {
+    INVALID_ARGUMENT: InvalidArgumentError,
+    NOT_FOUND: NotFoundError,
+    DATA_LOSS: DataLossError,
+    RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    UNIMPLEMENTED: UnimplementedError,
+    INTERNAL: InternalError,
+    CUDA_ERROR: CudaError,
+    IO_ERROR: IoError,
+}
+
+
+def raise_error(code, err):
+    message = err.message.decode("utf-8", "replace") if err is not None else ""
+    raise _ERROR_TYPES.get(code, FerryError)(code, message or _STATUS_NAMES.get(code, "error"))
+
+
+# ---- library ------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("TENSORFERRY_LIBRARY")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(glob.glob(os.path.join(here, "libferry.so*"))):
+        yield name
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    builds = glob.glob(os.path.join(repo, "build*", "src", "libferry.so"))
+    for name in sorted(builds, key=os.path.getmtime, reverse=True):
+        yield name
+    system = ctypes.util.find_library("ferry")
+    if system:
+        yield system
+
+
+def load_library(path=None):
+    """Loads libferry.so (from ``path``, else by the search order above) and returns it.
+
+    Calling it again with the same (or no) path returns the loaded library; a different path
+    after the library is loaded raises RuntimeError.
+    """
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path is not None and os.path.realpath(path) != os.path.realpath(_lib_path):
+                raise RuntimeError(
+                    "tensorferry: libferry is already loaded from %s" % _lib_path)
+            return _lib
+        tried = []
+        for candidate in [path] if path is not None else _candidates():
+            if not os.path.sep in candidate or os.path.exists(candidate):
+                try:
+                    lib = ctypes.CDLL(candidate)
+                except OSError as e:
+                    tried.append("%s (%s)" % (candidate, e))
+                    continue
+                _declare(lib)
+                _lib, _lib_path = lib, candidate
+                return lib
+            tried.append("%s (missing)" % candidate)
+        raise OSError(
+            "tensorferry: cannot find libferry.so. Build it (cmake --build build) or set "
+            "TENSORFERRY_LIBRARY=/path/to/libferry.so. Tried: " + (", ".join(tried) or "none"))
+
+
+def lib():
+    return _lib if _lib is not None else load_library()
+
+
+def library_path():
+    lib()
+    return _lib_path
+
+
+def _declare(lib):
+    E = POINTER(Error)
+    I = ctypes.c_int
+
+    def fn(name, restype, *argtypes):
+        f = getattr(lib, name)
+        f.restype = restype
+        f.argtypes = list(argtypes)
+
+    fn("ferry_status_name", c_char_p, I)
+    fn("ferry_version", c_char_p)
+    fn("ferry_format_version", c_uint32)
+    fn("ferry_dtype_name", c_char_p, c_int32)
+    fn("ferry_dtype_parse", I, c_char_p, POINTER(c_int32), E)
+    fn("ferry_dtype_storage_bytes", I, c_int32, c_uint64, POINTER(c_uint64), E)
+    fn("ferry_dtype_to_dlpack", I, c_int32, POINTER(DLDataType), E)
+    fn("ferry_dtype_from_dlpack", I, DLDataType, POINTER(c_int32), E)
+    fn("ferry_dlpack_free", None, c_void_p)
+    fn("ferry_dlpack_to_legacy", I, c_void_p, POINTER(c_void_p), E)
+    fn("ferry_dlpack_legacy_free", None, c_void_p)
+
+    fn("ferry_writer_options_init", None, POINTER(WriterOptions))
+    fn("ferry_writer_create", I, c_char_p, POINTER(WriterOptions), POINTER(c_void_p), E)
+    fn("ferry_writer_add_tensor", I, c_void_p, c_char_p, c_int32, POINTER(c_int64), c_int32,
+       c_void_p, c_uint64, c_int32, E)
+    fn("ferry_writer_set_metadata", I, c_void_p, c_char_p, c_char_p, E)
+    fn("ferry_recipe_init", None, POINTER(Recipe), c_int32)
+    fn("ferry_writer_add_scaling_state", I, c_void_p, c_char_p, POINTER(Recipe),
+       POINTER(DirectionState), c_size_t, E)
+    fn("ferry_writer_commit", I, c_void_p, E)
+    fn("ferry_writer_abort", None, c_void_p)
+    fn("ferry_writer_free", None, c_void_p)
+
+    fn("ferry_reader_options_init", None, POINTER(ReaderOptions))
+    fn("ferry_reader_open", I, c_char_p, POINTER(ReaderOptions), POINTER(c_void_p), E)
+    fn("ferry_reader_free", None, c_void_p)
+    fn("ferry_reader_path", c_char_p, c_void_p)
+    fn("ferry_reader_file_size", c_uint64, c_void_p)
+    fn("ferry_reader_format_version", c_uint32, c_void_p)
+    fn("ferry_reader_producer", c_char_p, c_void_p)
+    fn("ferry_reader_num_tensors", c_size_t, c_void_p)
+    fn("ferry_reader_tensor_info", I, c_void_p, c_size_t, POINTER(TensorInfo), E)
+    fn("ferry_reader_find_tensor", I, c_void_p, c_char_p, POINTER(TensorInfo), E)
+    fn("ferry_reader_num_metadata", c_size_t, c_void_p)
+    fn("ferry_reader_metadata_at", I, c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p),
+       E)
+    fn("ferry_reader_metadata_get", I, c_void_p, c_char_p, POINTER(c_char_p), E)
+    fn("ferry_reader_num_scaling_states", c_size_t, c_void_p)
+    fn("ferry_reader_scaling_state_at", I, c_void_p, c_size_t, POINTER(ScalingState), E)
+    fn("ferry_reader_view", I, c_void_p, c_char_p, c_uint32, POINTER(c_void_p), E)
+    fn("ferry_reader_read_into", I, c_void_p, c_char_p, c_void_p, c_uint64, c_uint32, E)
+    fn("ferry_reader_read_rows_into", I, c_void_p, c_char_p, c_int64, c_int64, c_void_p,
+       c_uint64, c_uint32, E)
+    fn("ferry_reader_verify", I, c_void_p, c_char_p, E)
+
+    fn("ferry_loader_options_init", None, POINTER(LoaderOptions))
+    fn("ferry_cuda_available", I)
+    fn("ferry_loader_create", I, POINTER(LoaderOptions), POINTER(c_void_p), E)
+    fn("ferry_loader_free", None, c_void_p)
+    for name in ("ferry_loader_load_async", "ferry_loader_load"):
+        fn(name, I, c_void_p, c_void_p, POINTER(LoadRequest), c_size_t, c_void_p,
+           POINTER(c_void_p), c_void_p, E)
+    fn("ferry_loader_load_to_host", I, c_void_p, c_void_p, POINTER(LoadRequest), c_size_t,
+       POINTER(c_void_p), E)
+
+
+def call(name, *args):
+    """Calls a status-returning C function with a trailing error struct; raises on failure."""
+    err = Error()
+    code = getattr(lib(), name)(*args, ctypes.byref(err))
+    if code != OK:
+        raise_error(code, err)
+
+
+def encode(s):
+    if isinstance(s, bytes):
+        return s
+    return os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode("utf-8")
