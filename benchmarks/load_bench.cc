@@ -274,6 +274,10 @@ void RegisterDevice() {
   b->Args({2, 8, 64, 1, 0, 1});
   b->Args({2, 8, 4, 0, 0, 1});
   b->Args({2, 8, 4, 0, 1, 1});
+  // Registration window by window (64 MiB), registered and released within the load.
+  b->Args({3, 8, 4, 1, 0, 1});
+  b->Args({3, 16, 4, 1, 0, 1});
+  b->Args({3, 8, 4, 0, 1, 1});
   b->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
   auto* a = benchmark::RegisterBenchmark("BM_PinnedAllocation", BM_PinnedAllocation);
   a->ArgNames({"register", "MiB"})->Args({0, 64})->Args({1, 64})->Args({0, 1024})->Args({1, 1024});

@@ -43,8 +43,8 @@ struct Resolved {
 };
 
 struct Piece {
-  uint32_t r;        // index into the resolved list
-  uint64_t begin;    // raw byte offset within the tensor
+  uint32_t r;      // index into the resolved list
+  uint64_t begin;  // raw byte offset within the tensor
   uint64_t len;
   uint64_t dst_off;  // offset within the resolved destination
 };
@@ -52,6 +52,15 @@ struct Piece {
 struct Batch {
   uint32_t first, last;  // pieces [first, last)
 };
+
+// Pieces copied straight from the mapping, with the page range to register around them
+// (empty when the whole mapping is registered).
+struct Group {
+  uint32_t first, last;
+  uint64_t reg_begin, reg_end;
+};
+
+constexpr uint64_t kPage = 4096;
 
 int DefaultThreads() {
   unsigned hw = std::thread::hardware_concurrency();
@@ -86,8 +95,8 @@ Result<std::vector<Resolved>> Resolve(const Reader::Impl& r,
         out[k].len = range.second;
       }
       if (q.dst != nullptr && q.dst_bytes < out[k].len) {
-        return Error(StatusCode::kInvalidArgument, r.Where(out[k].tensor), ": needs ",
-                     out[k].len, " bytes, destination holds ", q.dst_bytes);
+        return Error(StatusCode::kInvalidArgument, r.Where(out[k].tensor), ": needs ", out[k].len,
+                     " bytes, destination holds ", q.dst_bytes);
       }
       out[k].dst = static_cast<uint8_t*>(q.dst);
     }
@@ -105,9 +114,8 @@ Result<std::vector<Resolved>> Resolve(const Reader::Impl& r,
   }
   request_order->resize(out.size());
   for (size_t k = 0; k < out.size(); ++k) (*request_order)[k] = k;
-  std::stable_sort(request_order->begin(), request_order->end(), [&](size_t a, size_t b) {
-    return out[a].file_offset < out[b].file_offset;
-  });
+  std::stable_sort(request_order->begin(), request_order->end(),
+                   [&](size_t a, size_t b) { return out[a].file_offset < out[b].file_offset; });
   return out;
 }
 
@@ -174,13 +182,13 @@ class ErrorSlot {
 namespace {
 
 Status CudaStatus(cudaError_t err, const std::string& where, const char* what) {
-  return Error(StatusCode::kCudaError, where, ": ", what, " failed: ", cudaGetErrorName(err),
-               " (", cudaGetErrorString(err), ")");
+  return Error(StatusCode::kCudaError, where, ": ", what, " failed: ", cudaGetErrorName(err), " (",
+               cudaGetErrorString(err), ")");
 }
 
-#define FERRY_CUDA_RETURN(call, where)                             \
-  do {                                                             \
-    cudaError_t _ferry_err = (call);                               \
+#define FERRY_CUDA_RETURN(call, where)                                          \
+  do {                                                                          \
+    cudaError_t _ferry_err = (call);                                            \
     if (_ferry_err != cudaSuccess) return CudaStatus(_ferry_err, where, #call); \
   } while (0)
 
@@ -256,8 +264,9 @@ class Loader::Impl {
   std::vector<Slot> slots;
   CUcontext events_ctx = nullptr;  // events belong to one context; remade on change
   int device = -1;
-  cudaEvent_t tail = nullptr;  // recorded after each load's last copy
-  std::shared_ptr<Mapping> registered;  // mapping registered for direct DMA
+  cudaEvent_t tail = nullptr;              // recorded after each load's last copy
+  std::vector<cudaEvent_t> worker_events;  // windowed registration, one per worker
+  std::shared_ptr<Mapping> registered;     // mapping registered for direct DMA
 
   std::mutex slot_mu;
   std::condition_variable slot_cv;
@@ -281,6 +290,10 @@ class Loader::Impl {
     }
     if (tail) cudaEventDestroy(tail);
     tail = nullptr;
+    for (cudaEvent_t& e : worker_events) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
+    }
   }
 
   void Unregister() {
@@ -347,6 +360,10 @@ class Loader::Impl {
         s.used = false;
       }
       FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&tail, cudaEventDisableTiming), "tail event");
+      worker_events.assign(pool->size(), nullptr);
+      for (cudaEvent_t& e : worker_events) {
+        FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "worker events");
+      }
       events_ctx = ctx;
     }
     return Status::Ok();
@@ -356,9 +373,8 @@ class Loader::Impl {
     if (registered == mapping) return Status::Ok();
     Unregister();
     if (mapping->size() == 0) return Status::Ok();
-    cudaError_t err =
-        cudaHostRegister(const_cast<uint8_t*>(mapping->data()), mapping->size(),
-                         cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    cudaError_t err = cudaHostRegister(const_cast<uint8_t*>(mapping->data()), mapping->size(),
+                                       cudaHostRegisterReadOnly | cudaHostRegisterPortable);
     if (err != cudaSuccess) {
       cudaGetLastError();  // not sticky; clear it so later calls are unaffected
       return CudaStatus(err, mapping->path(), "cudaHostRegister(ReadOnly) of the mapping");
@@ -388,9 +404,11 @@ class Loader::Impl {
     std::vector<LoadedTensor> out(res.size());
     FERRY_RETURN_IF_ERROR(AllocateDevice(r, res, order, out, cstream, alloc, ctx, dev));
 
-    bool use_register = options.host_path == HostPath::kRegister ||
+    const bool windows = options.host_path == HostPath::kRegisterWindows;
+    bool use_register = options.host_path == HostPath::kRegister || windows ||
                         (options.host_path == HostPath::kAuto && registered == r.mapping);
-    if (use_register) FERRY_RETURN_IF_ERROR(RegisterMapping(r.mapping));
+    if (use_register && !windows) FERRY_RETURN_IF_ERROR(RegisterMapping(r.mapping));
+    if (windows) Unregister();
 
     // Raw pieces go straight from the registered mapping; everything else is staged.
     std::vector<Piece> all = MakePieces(res, order, options.chunk_bytes);
@@ -400,6 +418,25 @@ class Loader::Impl {
       (use_register && raw ? direct : staged).push_back(p);
     }
     std::vector<Batch> batches = MakeBatches(staged, options.chunk_bytes);
+    std::vector<Group> groups;
+    for (uint32_t i = 0; i < direct.size(); ++i) {
+      const Piece& p = direct[i];
+      uint64_t off = res[p.r].info.data_offset + p.begin;
+      uint64_t pb = off / kPage * kPage, pe = AlignUp(off + p.len, kPage);
+      if (!windows) {
+        groups.push_back(Group{i, i + 1, 0, 0});
+        continue;
+      }
+      Group* g = groups.empty() ? nullptr : &groups.back();
+      // Windows never share a page: a page registered twice is an error.
+      if (g != nullptr &&
+          (pb < g->reg_end || g->reg_end - g->reg_begin < options.register_window_bytes)) {
+        g->last = i + 1;
+        g->reg_end = std::max(g->reg_end, pe);
+      } else {
+        groups.push_back(Group{i, i + 1, pb, pe});
+      }
+    }
 
     ErrorSlot error;
     std::atomic<uint64_t> next_direct{0}, next_batch{0}, copies{0};
@@ -408,7 +445,7 @@ class Loader::Impl {
     for (uint64_t i = 0; i < nslots; ++i) slots[i].turn = i;
     const bool verify = options.verify;
 
-    pool->Run([&](int) {
+    pool->Run([&](int worker) {
       // The worker's first CUDA call must find the caller's context, or the runtime would
       // create one on device 0.
       if (Driver().ok && ctx != nullptr) {
@@ -417,32 +454,69 @@ class Loader::Impl {
         error.Set(Error(StatusCode::kCudaError, r.path, ": cudaSetDevice on a worker"));
         return;
       }
+      uint8_t* pending = nullptr;  // this worker's registered window, copies in flight
+      cudaEvent_t my_event = windows ? worker_events[worker] : nullptr;
+      auto release_pending = [&]() -> Status {
+        if (pending == nullptr) return Status::Ok();
+        cudaError_t err = cudaEventSynchronize(my_event);
+        if (err == cudaSuccess) err = cudaHostUnregister(pending);
+        pending = nullptr;
+        return err == cudaSuccess ? Status::Ok()
+                                  : CudaStatus(err, r.path, "releasing a registered window");
+      };
       for (;;) {
         uint64_t k = next_direct.fetch_add(1);
-        if (k >= direct.size() || error.failed()) break;
-        const Piece& p = direct[k];
-        const Resolved& rr = res[p.r];
-        if (verify) {
-          // Checks the blocks this piece starts, reading them from the page cache.
-          Status st;
-          uint64_t bs = rr.info.block_size;
-          for (uint64_t b = p.begin / bs; st.ok() && b * bs < p.begin + p.len; ++b) {
-            st = r.VerifyBlock(rr.tensor, b, r.base() + rr.info.data_offset + b * bs);
+        if (k >= groups.size() || error.failed()) break;
+        const Group& g = groups[k];
+        if (windows) {
+          Status st = release_pending();
+          cudaError_t err = cudaSuccess;
+          if (st.ok()) {
+            err = cudaHostRegister(const_cast<uint8_t*>(r.base()) + g.reg_begin,
+                                   g.reg_end - g.reg_begin,
+                                   cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+            if (err != cudaSuccess) {
+              cudaGetLastError();
+              st = CudaStatus(err, r.path, "cudaHostRegister of a window");
+            }
           }
           if (!st.ok()) {
             error.Set(st);
             break;
           }
+          pending = const_cast<uint8_t*>(r.base()) + g.reg_begin;
         }
-        cudaError_t err = cudaMemcpyAsync(rr.dst + p.dst_off,
-                                          r.base() + rr.info.data_offset + p.begin, p.len,
-                                          cudaMemcpyHostToDevice, cstream);
-        if (err != cudaSuccess) {
-          error.Set(CudaStatus(err, r.Where(rr.tensor), "cudaMemcpyAsync"));
+        Status st;
+        for (uint32_t i = g.first; st.ok() && i < g.last; ++i) {
+          const Piece& p = direct[i];
+          const Resolved& rr = res[p.r];
+          if (verify) {
+            // Checks the blocks this piece touches, reading them from the page cache.
+            uint64_t bs = rr.info.block_size;
+            for (uint64_t b = p.begin / bs; st.ok() && b * bs < p.begin + p.len; ++b) {
+              st = r.VerifyBlock(rr.tensor, b, r.base() + rr.info.data_offset + b * bs);
+            }
+            if (!st.ok()) break;
+          }
+          cudaError_t err =
+              cudaMemcpyAsync(rr.dst + p.dst_off, r.base() + rr.info.data_offset + p.begin, p.len,
+                              cudaMemcpyHostToDevice, cstream);
+          if (err != cudaSuccess) {
+            st = CudaStatus(err, r.Where(rr.tensor), "cudaMemcpyAsync");
+            break;
+          }
+          copies.fetch_add(1, std::memory_order_relaxed);
+        }
+        if (st.ok() && windows) {
+          cudaError_t err = cudaEventRecord(my_event, cstream);
+          if (err != cudaSuccess) st = CudaStatus(err, r.path, "cudaEventRecord");
+        }
+        if (!st.ok()) {
+          error.Set(st);
           break;
         }
-        copies.fetch_add(1, std::memory_order_relaxed);
       }
+      if (Status st = release_pending(); !st.ok()) error.Set(st);
       for (;;) {
         uint64_t k = next_batch.fetch_add(1);
         if (k >= batches.size()) break;
@@ -476,8 +550,7 @@ class Loader::Impl {
     stats.copies = copies.load();
     stats.pinned_bytes = ring_bytes;
     stats.used_register = use_register;
-    stats.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 
@@ -518,8 +591,8 @@ class Loader::Impl {
         ++j;
       }
       if (run_len > 0) {
-        cudaError_t err = cudaMemcpyAsync(dst, slot.data + run_src, run_len,
-                                          cudaMemcpyHostToDevice, stream);
+        cudaError_t err =
+            cudaMemcpyAsync(dst, slot.data + run_src, run_len, cudaMemcpyHostToDevice, stream);
         if (err != cudaSuccess) return CudaStatus(err, r.Where(res[p.r].tensor), "cudaMemcpyAsync");
         copies->fetch_add(1, std::memory_order_relaxed);
       }
@@ -533,8 +606,7 @@ class Loader::Impl {
 
   Status AllocateDevice(const Reader::Impl& r, std::vector<Resolved>& res,
                         const std::vector<size_t>& order, std::vector<LoadedTensor>& out,
-                        cudaStream_t stream, const DeviceAllocator* alloc, CUcontext ctx,
-                        int dev) {
+                        cudaStream_t stream, const DeviceAllocator* alloc, CUcontext ctx, int dev) {
     // Arena layout (default allocator only): small tensors packed in file order with 256-byte
     // alignment, which is also 64-byte staging alignment, so their copies coalesce.
     uint64_t arena_bytes = 0;
@@ -614,8 +686,8 @@ class Loader::Impl {
       if (rr.dst == nullptr && rr.len > 0) {
         void* p = std::aligned_alloc(64, AlignUp(rr.len, 64));
         if (p == nullptr) {
-          return Error(StatusCode::kResourceExhausted, r.Where(rr.tensor), ": allocating ",
-                       rr.len, " bytes");
+          return Error(StatusCode::kResourceExhausted, r.Where(rr.tensor), ": allocating ", rr.len,
+                       " bytes");
         }
         out[k].owner = std::shared_ptr<void>(p, std::free);
         rr.dst = static_cast<uint8_t*>(p);
@@ -630,8 +702,8 @@ class Loader::Impl {
         uint64_t k = next.fetch_add(1);
         if (k >= pieces.size() || error.failed()) return;
         const Piece& p = pieces[k];
-        Status st = r.ReadRange(res[p.r].tensor, p.begin, p.len, res[p.r].dst + p.dst_off,
-                                options.verify);
+        Status st =
+            r.ReadRange(res[p.r].tensor, p.begin, p.len, res[p.r].dst + p.dst_off, options.verify);
         if (!st.ok()) error.Set(std::move(st));
       }
     });
@@ -639,8 +711,7 @@ class Loader::Impl {
     stats = LoadStats{};
     for (const Resolved& rr : res) stats.bytes += rr.len;
     stats.copies = pieces.size();
-    stats.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 };
@@ -668,8 +739,7 @@ Result<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   }
   if (options.staging_bytes < 2 * options.chunk_bytes) {
     return Error(StatusCode::kInvalidArgument, "LoaderOptions.staging_bytes ",
-                 options.staging_bytes, " must hold at least two chunks of ",
-                 options.chunk_bytes);
+                 options.staging_bytes, " must hold at least two chunks of ", options.chunk_bytes);
   }
   if (options.threads < 0 || options.threads > 256) {
     return Error(StatusCode::kInvalidArgument, "LoaderOptions.threads ", options.threads,

@@ -164,10 +164,11 @@ class DeviceLoaderTest : public LoaderTest {
 
 TEST_F(DeviceLoaderTest, EveryDTypeBitExactBothHostPaths) {
   SKIP_WITHOUT_GPU();
-  for (HostPath path : {HostPath::kStaging, HostPath::kRegister}) {
+  for (HostPath path : {HostPath::kStaging, HostPath::kRegister, HostPath::kRegisterWindows}) {
     for (PinnedAlloc pa : {PinnedAlloc::kHostRegister, PinnedAlloc::kHostAlloc}) {
       LoaderOptions o;
       o.host_path = path;
+      o.register_window_bytes = 64 << 10;  // many windows, each registered and released
       o.pinned_alloc = pa;
       o.verify = true;
       o.chunk_bytes = 32 << 10;
@@ -178,7 +179,7 @@ TEST_F(DeviceLoaderTest, EveryDTypeBitExactBothHostPaths) {
       ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
       auto out = (*loader)->Load(*reader_, {});
       ASSERT_TRUE(out.ok()) << out.status().ToString();
-      EXPECT_EQ((*loader)->last_stats().used_register, path == HostPath::kRegister);
+      EXPECT_EQ((*loader)->last_stats().used_register, path != HostPath::kStaging);
       ASSERT_EQ(out->size(), expected_.size());
       CheckAll(*out, dev);
     }
@@ -351,7 +352,7 @@ TEST_F(DeviceLoaderTest, CorruptBlockIsDataLossOnDevice) {
   }
   auto r = Reader::Open(bad);
   ASSERT_TRUE(r.ok());
-  for (HostPath path : {HostPath::kStaging, HostPath::kRegister}) {
+  for (HostPath path : {HostPath::kStaging, HostPath::kRegister, HostPath::kRegisterWindows}) {
     LoaderOptions o;
     o.verify = true;
     o.host_path = path;

@@ -46,9 +46,12 @@ struct DeviceAllocator {
 
 // How page-cache-resident data reaches the GPU.
 enum class HostPath : uint8_t {
-  kAuto = 0,     // choose per load (see docs/LOADER.md)
-  kStaging = 1,  // CPU copies from the mapping into the pinned ring, then DMA
-  kRegister = 2  // cudaHostRegister(ReadOnly) the mapped file, DMA straight from page cache
+  kAuto = 0,      // choose per load (see docs/LOADER.md)
+  kStaging = 1,   // CPU copies from the mapping into the pinned ring, then DMA
+  kRegister = 2,  // cudaHostRegister(ReadOnly) the mapped file, DMA straight from page cache
+  // As kRegister, but each worker registers one window of register_window_bytes at a time and
+  // unregisters it once its copies complete (the load then waits for its own copies).
+  kRegisterWindows = 3
 };
 
 enum class PinnedAlloc : uint8_t {
@@ -65,6 +68,7 @@ struct LoaderOptions {
   // CPU worker threads (copy, decode, verify). 0: min(8, hardware threads).
   int threads = 0;
   HostPath host_path = HostPath::kAuto;
+  uint64_t register_window_bytes = uint64_t{64} << 20;
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
   // Check block checksums while loading.
   bool verify = false;
