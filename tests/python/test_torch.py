@@ -1,0 +1,204 @@
+"""tensorferry with torch: CPU round trips, state_dict and scaling state; on CUDA machines,
+current-device placement, explicit devices and stream ordering. Skipped without torch; the CUDA
+tests are skipped without a usable GPU."""
+
+import numpy as np
+import pytest
+
+import tensorferry as tf
+
+torch = pytest.importorskip("torch")
+tft = pytest.importorskip("tensorferry.torch")
+
+HAS_CUDA = torch.cuda.is_available() and tf.cuda_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CUDA build")
+needs_2_gpus = pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2,
+                                  reason="needs 2 CUDA devices")
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+          torch.complex128]
+for _name in ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+              "float8_e5m2fnuz", "float8_e8m0fnu"):
+    if hasattr(torch, _name):
+        DTYPES.append(getattr(torch, _name))
+
+
+def make(dtype, shape=(4, 6), device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g) * 3
+    if dtype.is_complex:
+        return torch.complex(x, -x).to(dtype).to(device)
+    if dtype == torch.bool:
+        return (x > 0).to(device)
+    if getattr(torch, "float8_e8m0fnu", None) == dtype:
+        return torch.full(shape, 2.0).to(dtype).to(device)
+    if dtype.is_floating_point:
+        return x.to(dtype).to(device)
+    return x.abs().to(torch.int64).clamp(0, 100).to(dtype).to(device)
+
+
+def same(a, b):
+    assert a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape), (a.dtype, b.dtype)
+    a, b = a.cpu().contiguous(), b.cpu().contiguous()
+    if a.element_size() == 0 or a.numel() == 0:
+        return
+    assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "t.ferry")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_round_trip(path, dtype):
+    x = make(dtype)
+    tf.save_file({"x": x, "s": make(dtype, ())}, path, encoding="shuffle_zstd")
+    out = tf.load_file(path, framework="pt")
+    same(out["x"], x)
+    same(out["s"], make(dtype, ()))
+    with tf.safe_open(path, framework="pt") as f:
+        same(f.get_slice("x")[1:3], x[1:3])
+
+
+def test_fp4_x2(path):
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("torch without float4_e2m1fn_x2")
+    packed = torch.arange(12, dtype=torch.uint8).reshape(3, 4).view(torch.float4_e2m1fn_x2)
+    tf.save_file({"q": packed}, path)
+    with tf.safe_open(path) as f:
+        assert f.info("q").dtype == "F4_E2M1FN"
+        assert f.info("q").shape == (3, 8)  # logical elements
+    out = tf.load_file(path, framework="pt")["q"]
+    assert out.dtype == torch.float4_e2m1fn_x2 and tuple(out.shape) == (3, 4)
+    assert torch.equal(out.view(torch.uint8), packed.view(torch.uint8))
+
+
+def test_non_contiguous_and_numpy_interop(path):
+    x = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()
+    tf.save_file({"x": x}, path)
+    assert np.array_equal(tf.load_file(path)["x"], x.numpy())
+    # A host view crosses into torch by DLPack without a copy, via numpy.
+    with tf.Reader(path) as r:
+        host = tf.Loader().load_to_host(r)["x"]
+        t = torch.from_dlpack(host)
+        assert torch.equal(t, x.contiguous())
+
+
+def test_state_dict_and_scaling_state(path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+    state = {
+        "0": {"recipe": {"type": "DelayedScaling", "amax_history_len": 4},
+              "states": [{"direction": "forward", "slot_roles": ["input", "weight", "output"],
+                          "scale": torch.tensor([1.0, 2.0, 3.0]),
+                          "amax_history": torch.rand(4, 3)}]},
+    }
+    tft.save_state_dict(model, path, scaling_state=state, metadata={"step": "5"})
+    other = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+    sd = tft.load_state_dict(path, device="cpu", module=other)
+    for k, v in model.state_dict().items():
+        assert torch.equal(sd[k], v) and torch.equal(other.state_dict()[k], v)
+    got = tft.load_scaling_state(path, device="cpu")
+    st = got["0"]["states"][0]
+    assert got["0"]["recipe"]["amax_history_len"] == 4
+    assert torch.equal(st["scale"], state["0"]["states"][0]["scale"])
+    assert torch.equal(st["amax_history"], state["0"]["states"][0]["amax_history"])
+    assert tf.read_metadata(path) == {"step": "5"}
+
+
+def test_extra_state_is_never_pickled(path):
+    sd = {"w": torch.ones(2), "layer._extra_state": torch.tensor([1, 2], dtype=torch.uint8)}
+    with pytest.raises(TypeError, match="_extra_state"):
+        tft.save_state_dict(sd, path)
+    tft.save_state_dict(sd, path, extra_state="skip")
+    assert list(tf.load_file(path)) == ["w"]
+
+
+# ---- CUDA ---------------------------------------------------------------------------------
+
+
+@needs_cuda
+def test_cuda_sources_and_current_device(path):
+    x = make(torch.bfloat16, (64, 32), device="cuda")
+    tf.save_file({"x": x, "f8": make(torch.float8_e4m3fn, (8, 8), device="cuda")}, path)
+    out = tf.load_file(path, device="cuda")
+    cur = torch.cuda.current_device()
+    assert out["x"].device == torch.device("cuda", cur)
+    same(out["x"], x)
+    same(out["f8"], make(torch.float8_e4m3fn, (8, 8)))
+    with tf.safe_open(path, framework="pt", device="cuda") as f:
+        rows = f.get_slice("x")[10:20]
+        assert rows.device == torch.device("cuda", cur)
+        same(rows, x[10:20])
+
+
+@needs_2_gpus
+def test_current_device_1_not_0(path):
+    x = make(torch.float32, (256, 256))
+    tf.save_file({"x": x}, path)
+    prev = torch.cuda.current_device()
+    try:
+        torch.cuda.set_device(1)
+        out = tf.load_file(path, device="cuda")
+        assert out["x"].device == torch.device("cuda", 1)
+        sd = tft.load_state_dict(path)  # default device: the current one
+        assert sd["x"].device == torch.device("cuda", 1)
+        st = tft.load_scaling_state(path)
+        assert st == {}
+        same(out["x"], x)
+        # An explicit device wins over the current one, and leaves the current one alone.
+        out0 = tf.load_file(path, device="cuda:0")
+        assert out0["x"].device == torch.device("cuda", 0)
+        assert torch.cuda.current_device() == 1
+    finally:
+        torch.cuda.set_device(prev)
+
+
+@needs_cuda
+def test_stream_ordering_on_a_side_stream(path):
+    n = 2 << 20  # 8 MiB: fits the staging ring, so no slot waits behind the sleep
+    x = torch.arange(n, dtype=torch.int32)
+    tf.save_file({"x": x}, path)
+    side = torch.cuda.Stream()
+    dst = torch.zeros(n, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    loader = tf.Loader()
+    with tf.Reader(path) as r, torch.cuda.stream(side):
+        # Keep the side stream busy so that the copies queue behind the sleep.
+        torch.cuda._sleep(1_000_000_000)
+        loader.load_into(r, [("x", None, dst, x.numel() * 4)], stream=side.cuda_stream,
+                         non_blocking=True)
+        # Enqueued, not waited for: the loader did not synchronize the stream or device.
+        assert not side.query()
+        result = dst.clone()  # ordered after the load on the same stream
+        side.synchronize()
+    assert torch.equal(result.cpu(), x)
+    loader.close()
+
+
+@needs_cuda
+def test_load_file_on_side_stream(path):
+    x = make(torch.float16, (512, 128))
+    tf.save_file({"x": x}, path)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out = tf.load_file(path, device="cuda")
+        y = out["x"] * 2  # on the side stream, after the copies
+    torch.cuda.synchronize()
+    same(y.cpu(), (x * 2))
+
+
+@needs_cuda
+def test_dlpack_device_tensors(path):
+    x = make(torch.float32, (32, 16))
+    tf.save_file({"x": x}, path)
+    with tf.Reader(path) as r:
+        loader = tf.Loader()
+        dev = loader.load(r)["x"]
+        assert dev.__dlpack_device__() == (2, torch.cuda.current_device())
+        t = torch.from_dlpack(dev)
+        assert t.device == torch.device("cuda", torch.cuda.current_device())
+        same(t, x)
+        del t
+        loader.close()
