@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "codec.hpp"
@@ -15,6 +16,7 @@
 #include "format.hpp"
 #include "io.hpp"
 #include "util.hpp"
+#include "worker_pool.hpp"
 
 namespace ferry {
 
@@ -77,7 +79,7 @@ class Writer::Impl {
   std::map<std::string, QuantizedTensor, std::less<>> quantized;
   std::map<std::string, ScalingState, std::less<>> scaling;
   std::map<std::string, std::string, std::less<>> metadata;
-  std::vector<uint8_t> block_buf, shuffle_buf, compress_buf;
+  std::vector<uint8_t> block_buf;
 
   ~Impl() { Abort(); }
 
@@ -116,30 +118,106 @@ class Writer::Impl {
     return Status::Ok();
   }
 
-  // Encodes one raw block and appends it; fills in the chunk record.
-  Status WriteEncodedBlock(TensorRecord& rec, const uint8_t* raw, size_t n) {
-    const uint8_t* input = raw;
-    size_t width = ShuffleWidth(rec.dtype);
-    if (rec.encoding == Encoding::kShuffleZstd && width > 1) {
-      shuffle_buf.resize(n);
-      Shuffle(raw, shuffle_buf.data(), n, width);
-      input = shuffle_buf.data();
+  // Compression runs on a worker pool, a batch of blocks at a time; outputs are written in
+  // block order, so memory stays at a few blocks per thread whatever the tensor size.
+  std::unique_ptr<WorkerPool> pool;
+  struct EncodedBlock {
+    const uint8_t* raw = nullptr;
+    size_t n = 0;
+    std::vector<uint8_t> raw_copy;  // pulled sources only
+    std::vector<uint8_t> shuffled;
+    std::vector<uint8_t> out;
+    uint64_t checksum = 0;
+    bool compressed = false;
+    size_t stored = 0;
+    Status status;
+  };
+  std::vector<EncodedBlock> encoded;
+
+  int Threads() const {
+    if (options.threads > 0) return options.threads;
+    unsigned hw = std::thread::hardware_concurrency();
+    return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
+  }
+
+  void EncodeBlock(EncodedBlock& blk, DType dtype, Encoding encoding) {
+    blk.checksum = Checksum64(blk.raw, blk.n);
+    const uint8_t* input = blk.raw;
+    size_t width = ShuffleWidth(dtype);
+    if (encoding == Encoding::kShuffleZstd && width > 1) {
+      blk.shuffled.resize(blk.n);
+      Shuffle(blk.raw, blk.shuffled.data(), blk.n, width);
+      input = blk.shuffled.data();
     }
-    size_t bound = CompressBound(n);
-    if (compress_buf.size() < bound) compress_buf.resize(bound);
-    FERRY_ASSIGN_OR_RETURN(size_t csize, ZstdCompress(input, n, compress_buf.data(), bound,
-                                                      options.zstd_level));
-    ChunkRecord chunk{pos - rec.data_offset, 0, 0};
-    if (static_cast<double>(csize) <= static_cast<double>(n) * (1.0 - options.min_savings)) {
-      chunk.stored_size = csize;
-      chunk.codec = static_cast<uint8_t>(fb::ChunkCodec::ZSTD);
-      FERRY_RETURN_IF_ERROR(Write(compress_buf.data(), csize));
+    size_t bound = CompressBound(blk.n);
+    if (blk.out.size() < bound) blk.out.resize(bound);
+    auto csize = ZstdCompress(input, blk.n, blk.out.data(), bound, options.zstd_level);
+    if (!csize.ok()) {
+      blk.status = csize.status();
+      return;
+    }
+    blk.compressed =
+        static_cast<double>(*csize) <= static_cast<double>(blk.n) * (1.0 - options.min_savings);
+    if (blk.compressed) {
+      blk.stored = *csize;
     } else {
-      chunk.stored_size = n;
-      chunk.codec = static_cast<uint8_t>(fb::ChunkCodec::STORED);
-      FERRY_RETURN_IF_ERROR(Write(input, n));
+      // Stored chunks of a shuffled tensor hold the shuffled bytes (the reader unshuffles).
+      blk.stored = blk.n;
+      if (input != blk.raw) {
+        std::memcpy(blk.out.data(), input, blk.n);
+      } else {
+        std::memcpy(blk.out.data(), blk.raw, blk.n);
+      }
     }
-    rec.chunks.push_back(chunk);
+  }
+
+  Status AddEncoded(TensorRecord& rec, const uint8_t* host, const FillFn* fill) {
+    const int threads = Threads();
+    if (!pool && threads > 1) pool = std::make_unique<WorkerPool>(threads);
+    const size_t batch = static_cast<size_t>(threads) * 2;
+    if (encoded.size() < batch) encoded.resize(batch);
+    for (uint64_t off = 0; off < rec.nbytes;) {
+      size_t nb = 0;
+      for (; nb < batch && off < rec.nbytes; ++nb, off += rec.block_size) {
+        EncodedBlock& blk = encoded[nb];
+        blk.n = static_cast<size_t>(std::min(rec.block_size, rec.nbytes - off));
+        blk.status = Status::Ok();
+        if (host != nullptr) {
+          blk.raw = host + off;
+        } else {
+          blk.raw_copy.resize(blk.n);
+          Status st = (*fill)(off, blk.raw_copy.data(), blk.n);
+          if (!st.ok()) {
+            return Error(st.code(), path, ": tensor ", Quote(rec.name), ": source failed at byte ",
+                         off, ": ", st.message());
+          }
+          blk.raw = blk.raw_copy.data();
+        }
+      }
+      std::atomic<size_t> next{0};
+      auto work = [&](int) {
+        for (size_t k; (k = next.fetch_add(1)) < nb;)
+          EncodeBlock(encoded[k], rec.dtype, rec.encoding);
+      };
+      if (pool && nb > 1) {
+        pool->Run(work);
+      } else {
+        work(0);
+      }
+      for (size_t k = 0; k < nb; ++k) {
+        EncodedBlock& blk = encoded[k];
+        if (!blk.status.ok()) {
+          return Error(blk.status.code(), path, ": tensor ", Quote(rec.name), ": ",
+                       blk.status.message());
+        }
+        rec.checksums.push_back(blk.checksum);
+        ChunkRecord chunk{
+            pos - rec.data_offset, blk.stored,
+            static_cast<uint8_t>(blk.compressed ? fb::ChunkCodec::ZSTD : fb::ChunkCodec::STORED)};
+        FERRY_RETURN_IF_ERROR(Write(blk.out.data(), blk.stored));
+        rec.chunks.push_back(chunk);
+      }
+    }
     return Status::Ok();
   }
 
@@ -152,16 +230,16 @@ class Writer::Impl {
       return Error(StatusCode::kInvalidArgument, path, ": duplicate tensor ", Quote(name));
     }
     if (!IsValidDType(static_cast<uint8_t>(dtype))) {
-      return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name),
-                   ": unknown dtype ", static_cast<int>(dtype));
+      return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name), ": unknown dtype ",
+                   static_cast<int>(dtype));
     }
     if (static_cast<uint8_t>(encoding) > 2) {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name),
                    ": unknown encoding ", static_cast<int>(encoding));
     }
     if (shape.size() > format::kMaxDims) {
-      return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name), ": ",
-                   shape.size(), " dims (limit ", format::kMaxDims, ")");
+      return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name), ": ", shape.size(),
+                   " dims (limit ", format::kMaxDims, ")");
     }
     auto numel = NumElements(shape);
     auto nbytes = numel ? StorageBytes(dtype, *numel) : std::nullopt;
@@ -184,7 +262,11 @@ class Writer::Impl {
     rec.block_size = *nbytes == 0 ? 0 : options.block_size;
     FERRY_RETURN_IF_ERROR(PadTo(format::TensorAlignment(*nbytes)));
     rec.data_offset = pos;
-    for (uint64_t off = 0; off < rec.nbytes; off += rec.block_size) {
+    if (rec.encoding != Encoding::kRaw) {
+      FERRY_RETURN_IF_ERROR(AddEncoded(rec, host, fill));
+    }
+    for (uint64_t off = 0; rec.encoding == Encoding::kRaw && off < rec.nbytes;
+         off += rec.block_size) {
       size_t n = static_cast<size_t>(std::min(rec.block_size, rec.nbytes - off));
       const uint8_t* raw;
       if (host != nullptr) {
@@ -193,17 +275,13 @@ class Writer::Impl {
         block_buf.resize(n);
         Status st = (*fill)(off, block_buf.data(), n);
         if (!st.ok()) {
-          return Error(st.code(), path, ": tensor ", Quote(name), ": source failed at byte ",
-                       off, ": ", st.message());
+          return Error(st.code(), path, ": tensor ", Quote(name), ": source failed at byte ", off,
+                       ": ", st.message());
         }
         raw = block_buf.data();
       }
       rec.checksums.push_back(Checksum64(raw, n));
-      if (rec.encoding == Encoding::kRaw) {
-        FERRY_RETURN_IF_ERROR(Write(raw, n));
-      } else {
-        FERRY_RETURN_IF_ERROR(WriteEncodedBlock(rec, raw, n));
-      }
+      FERRY_RETURN_IF_ERROR(Write(raw, n));
     }
     rec.data_size = pos - rec.data_offset;
     if (rec.data_size == 0) rec.data_offset = 0;
@@ -245,8 +323,7 @@ class Writer::Impl {
       }
       std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const MXFP8BlockScaling& r) {
         return {fb::Recipe::MXFP8BlockScaling,
-                fb::CreateMXFP8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format))
-                    .Union()};
+                fb::CreateMXFP8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format)).Union()};
       }
       std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const Float8BlockScaling& r) {
         return {fb::Recipe::Float8BlockScaling,
@@ -288,10 +365,9 @@ class Writer::Impl {
         }
         ch = b.CreateVectorOfStructs(chunks);
       }
-      toffs.push_back(fb::CreateTensor(b, name, static_cast<fb::DType>(t.dtype), shape,
-                                       t.data_offset, t.data_size, t.nbytes,
-                                       static_cast<fb::Encoding>(t.encoding), t.block_size,
-                                       sums, ch));
+      toffs.push_back(fb::CreateTensor(
+          b, name, static_cast<fb::DType>(t.dtype), shape, t.data_offset, t.data_size, t.nbytes,
+          static_cast<fb::Encoding>(t.encoding), t.block_size, sums, ch));
     }
     auto tvec = b.CreateVector(toffs);
 
@@ -311,10 +387,10 @@ class Writer::Impl {
       auto shape = b.CreateVector(q.shape);
       auto row = BuildComponent(b, q.rowwise);
       auto col = BuildComponent(b, q.columnwise);
-      qoffs.push_back(fb::CreateQuantizedTensor(
-          b, name, static_cast<fb::DType>(q.quantized_dtype),
-          static_cast<fb::DType>(q.logical_dtype), shape,
-          static_cast<fb::ScalingMode>(q.scaling_mode), row, col));
+      qoffs.push_back(fb::CreateQuantizedTensor(b, name, static_cast<fb::DType>(q.quantized_dtype),
+                                                static_cast<fb::DType>(q.logical_dtype), shape,
+                                                static_cast<fb::ScalingMode>(q.scaling_mode), row,
+                                                col));
     }
     auto qvec = b.CreateVector(qoffs);
 
@@ -324,8 +400,7 @@ class Writer::Impl {
       for (const DirectionState& d : s.states) {
         std::vector<uint8_t> roles;
         for (SlotRole r : d.slot_roles) roles.push_back(static_cast<uint8_t>(r));
-        auto rv = b.CreateVector(reinterpret_cast<const fb::SlotRole*>(roles.data()),
-                                 roles.size());
+        auto rv = b.CreateVector(reinterpret_cast<const fb::SlotRole*>(roles.data()), roles.size());
         auto sv = b.CreateVector(d.scale);
         auto hv = b.CreateVector(d.amax_history);
         doffs.push_back(fb::CreateDirectionState(b, static_cast<fb::Direction>(d.direction),
@@ -349,8 +424,8 @@ class Writer::Impl {
                                ? std::string("tensorferry ") + FERRY_VERSION_STRING
                                : options.producer;
     auto prod = b.CreateString(producer);
-    auto root = fb::CreateCheckpoint(b, kFormatVersion, prod, fb::ChecksumAlgo::XXH3_64, tvec,
-                                     qvec, svec, mvec);
+    auto root = fb::CreateCheckpoint(b, kFormatVersion, prod, fb::ChecksumAlgo::XXH3_64, tvec, qvec,
+                                     svec, mvec);
     fb::FinishCheckpointBuffer(b, root);
     return Status::Ok();
   }
@@ -406,8 +481,8 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
   uint64_t bs = options.block_size;
   if (bs < format::kMinBlockSize || bs > format::kMaxBlockSize || (bs & (bs - 1)) != 0) {
     return Error(StatusCode::kInvalidArgument, path, ": block_size ", bs,
-                 " must be a power of two in [", format::kMinBlockSize, ", ",
-                 format::kMaxBlockSize, "]");
+                 " must be a power of two in [", format::kMinBlockSize, ", ", format::kMaxBlockSize,
+                 "]");
   }
   if (static_cast<uint8_t>(options.encoding) > 2) {
     return Error(StatusCode::kInvalidArgument, path, ": unknown encoding ",
@@ -439,9 +514,8 @@ Status Writer::AddTensor(std::string_view name, DType dtype, const std::vector<i
                     encoding);
 }
 
-Status Writer::AddTensorFrom(std::string_view name, DType dtype,
-                             const std::vector<int64_t>& shape, const FillFn& fill,
-                             Encoding encoding) {
+Status Writer::AddTensorFrom(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                             const FillFn& fill, Encoding encoding) {
   if (!impl_) return Error(StatusCode::kInvalidArgument, "moved-from Writer");
   if (!fill) return Error(StatusCode::kInvalidArgument, impl_->path, ": empty fill function");
   return impl_->Add(name, dtype, shape, nullptr, 0, &fill, encoding);
@@ -473,17 +547,18 @@ Status Writer::AddScalingState(const ScalingState& state) {
   FERRY_RETURN_IF_ERROR(impl_->CheckUsable());
   FERRY_RETURN_IF_ERROR(CheckKey(impl_->path, state.module, "scaling state module"));
   if (const auto* c = std::get_if<CustomRecipe>(&state.recipe); c && c->name.empty()) {
-    return Error(StatusCode::kInvalidArgument, impl_->path, ": scaling state ",
-                 Quote(state.module), ": a custom recipe needs a name");
+    return Error(StatusCode::kInvalidArgument, impl_->path, ": scaling state ", Quote(state.module),
+                 ": a custom recipe needs a name");
   }
   for (const DirectionState& d : state.states) {
     uint64_t slots = d.slot_roles.size();
     if (d.scale.size() != slots || d.history_len < 0 ||
         d.amax_history.size() != static_cast<uint64_t>(d.history_len) * slots) {
       return Error(StatusCode::kInvalidArgument, impl_->path, ": scaling state ",
-                   Quote(state.module), ": needs scale F32[S] and amax_history F32[L, S] with S=",
-                   slots, " slot roles and L=", d.history_len, "; got ", d.scale.size(),
-                   " scales and ", d.amax_history.size(), " history entries");
+                   Quote(state.module),
+                   ": needs scale F32[S] and amax_history F32[L, S] with S=", slots,
+                   " slot roles and L=", d.history_len, "; got ", d.scale.size(), " scales and ",
+                   d.amax_history.size(), " history entries");
     }
   }
   if (!impl_->scaling.emplace(state.module, state).second) {
