@@ -120,14 +120,15 @@ def _host_source(value):
     return name, shape, arr.ctypes.data, arr.nbytes, arr
 
 
-def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=3, block_size=None,
+def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
               threads=0, durable=True, scaling_state=None, producer=None):
     """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
     encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
-    compress best). metadata: dict of str -> str. scaling_state: FP8 scaling state in the
-    structured form of tensorferry._scaling (stored as data, never pickled).
+    compress best); zstd_level None keeps the library's default. metadata: dict of str -> str.
+    scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
+    data, never pickled).
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
@@ -135,7 +136,8 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=3, blo
     opts = _lib.WriterOptions()
     L.ferry_writer_options_init(ctypes.byref(opts))
     opts.encoding = _lib.ENCODINGS[encoding]
-    opts.zstd_level = int(zstd_level)
+    if zstd_level is not None:
+        opts.zstd_level = int(zstd_level)
     opts.threads = int(threads)
     opts.durable = 1 if durable else 0
     if block_size is not None:

@@ -28,7 +28,7 @@ def _default_device(device):
 
 
 def save_state_dict(state_dict, path, *, metadata=None, scaling_state=None,
-                    extra_state="error", encoding="raw", zstd_level=3, durable=True):
+                    extra_state="error", encoding="raw", zstd_level=None, durable=True):
     """Saves a state_dict (or a module's) with its FP8 scaling state.
 
     Entries that are not tensors, and TransformerEngine's pickled ``_extra_state`` tensors,
