@@ -391,6 +391,9 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
     copied on `stream` (default: that device's current torch stream)."""
     torch = _torch()
     index = _cuda_index(torch, device)
+    if verify:  # checksums on the host first: the shared default loader does not verify
+        for name in dict.fromkeys(n for n, _ in items):
+            reader.verify(name)
     with torch.cuda.device(index):
         if stream is None:
             stream = torch.cuda.current_stream(index)
