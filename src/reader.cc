@@ -22,6 +22,16 @@ std::string_view Sv(const flatbuffers::String* s) {
   return s == nullptr ? std::string_view() : std::string_view(s->data(), s->size());
 }
 
+// "tensor #i 'name'" for messages, rendered only when a message is built: formatting it for
+// every tensor up front cost more than all other validation of a 100,000-tensor index.
+struct TensorWhere {
+  size_t index;
+  const fb::Tensor* tensor;
+  friend std::ostream& operator<<(std::ostream& out, const TensorWhere& w) {
+    return out << "tensor #" << w.index << " " << Quote(Sv(w.tensor->name()));
+  }
+};
+
 // Validation context: accumulates the position for messages.
 struct Validator {
   const std::string& path;
@@ -49,8 +59,8 @@ struct Validator {
     return Status::Ok();
   }
 
-  Result<uint64_t> CheckShape(const flatbuffers::Vector<int64_t>* shape,
-                              const std::string& where) const {
+  template <typename Where>
+  Result<uint64_t> CheckShape(const flatbuffers::Vector<int64_t>* shape, const Where& where) const {
     if (shape == nullptr) return uint64_t{1};
     if (shape->size() > format::kMaxDims) {
       return Fail(StrCat(where, ": ", shape->size(), " dims (limit ", format::kMaxDims, ")"));
@@ -67,7 +77,7 @@ struct Validator {
   }
 
   Status CheckTensor(const fb::Tensor* t, size_t i, uint64_t data_end) const {
-    std::string where = StrCat("tensor #", i, " ", Quote(Sv(t->name())));
+    TensorWhere where{i, t};
     auto dtype_value = static_cast<uint8_t>(t->dtype());
     if (!IsValidDType(dtype_value)) {
       return Fail(StrCat(where, ": unknown dtype ", int{dtype_value}));
