@@ -2,11 +2,13 @@
 // registered page cache) onto the caller's device and stream, or into host memory.
 #include "ferry/loader.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -47,11 +49,22 @@ struct Piece {
   uint64_t begin;  // raw byte offset within the tensor
   uint64_t len;
   uint64_t dst_off;  // offset within the resolved destination
+  uint64_t soff;     // offset within its staging slot
 };
 
 struct Batch {
   uint32_t first, last;  // pieces [first, last)
+  // Direct batches: one O_DIRECT read of file bytes [span_begin, span_begin + span_len) into
+  // the slot; each piece then sits at its file offset minus span_begin.
+  bool direct = false;
+  uint64_t span_begin = 0, span_len = 0;
 };
+
+constexpr uint64_t kDirectAlign = 4096;
+// Below this resident fraction a load counts as cold and takes direct I/O (IoMode::kAuto).
+constexpr double kColdFraction = 0.5;
+// Room past a chunk for aligning a direct read's start and end.
+constexpr uint64_t kSlotSlack = 2 * kDirectAlign;
 
 // Pieces copied straight from the mapping, with the page range to register around them
 // (empty when the whole mapping is registered).
@@ -132,28 +145,154 @@ std::vector<Piece> MakePieces(const std::vector<Resolved>& res, const std::vecto
     uint64_t pos = r.begin, end = r.begin + r.len;
     while (pos < end) {
       uint64_t next = std::min(end, (pos / step + 1) * step);
-      pieces.push_back(Piece{static_cast<uint32_t>(k), pos, next - pos, pos - r.begin});
+      pieces.push_back(Piece{static_cast<uint32_t>(k), pos, next - pos, pos - r.begin, 0});
       pos = next;
     }
   }
   return pieces;
 }
 
-// Groups consecutive pieces into batches that fit one staging slot.
-std::vector<Batch> MakeBatches(const std::vector<Piece>& pieces, uint64_t slot_bytes) {
-  std::vector<Batch> batches;
+// Groups consecutive pieces into batches that fit one staging slot, packed at 64 bytes.
+void AppendBatches(std::vector<Piece>& pieces, uint32_t first, uint32_t last, uint64_t slot_bytes,
+                   std::vector<Batch>* batches) {
   uint64_t used = 0;
-  for (uint32_t i = 0; i < pieces.size(); ++i) {
+  bool open = false;
+  for (uint32_t i = first; i < last; ++i) {
     uint64_t need = AlignUp(pieces[i].len, 64);
-    if (batches.empty() || used + need > slot_bytes) {
-      batches.push_back(Batch{i, i + 1});
-      used = need;
+    if (!open || used + need > slot_bytes) {
+      batches->push_back(Batch{i, i + 1});
+      used = 0;
+      open = true;
     } else {
-      batches.back().last = i + 1;
-      used += need;
+      batches->back().last = i + 1;
+    }
+    pieces[i].soff = used;
+    used += need;
+  }
+}
+
+// Groups consecutive raw pieces (file order) into direct batches whose aligned file span fits
+// one slot; gaps between the pieces are read too, which is cheaper than another request.
+void AppendDirectBatches(std::vector<Piece>& pieces, uint32_t first, uint32_t last,
+                         const std::vector<Resolved>& res, uint64_t slot_bytes,
+                         std::vector<Batch>* batches) {
+  auto file_off = [&](const Piece& p) { return res[p.r].info.data_offset + p.begin; };
+  uint32_t i = first;
+  while (i < last) {
+    uint64_t span_begin = file_off(pieces[i]) / kDirectAlign * kDirectAlign;
+    uint32_t j = i;
+    uint64_t span_end = span_begin;
+    while (j < last) {
+      uint64_t b = file_off(pieces[j]);
+      uint64_t e = AlignUp(b + pieces[j].len, kDirectAlign);
+      if (b < span_begin || (j > i && std::max(span_end, e) - span_begin > slot_bytes)) break;
+      span_end = std::max(span_end, e);
+      pieces[j].soff = b - span_begin;
+      ++j;
+    }
+    Batch batch{i, j};
+    batch.direct = true;
+    batch.span_begin = span_begin;
+    batch.span_len = span_end - span_begin;
+    batches->push_back(batch);
+    i = j;
+  }
+}
+
+// Bytes resident in the page cache, as a fraction of sampled pages of the requested ranges.
+double ResidentFraction(const Mapping& m, const std::vector<Resolved>& res) {
+  uint64_t total = 0;
+  for (const Resolved& r : res) total += r.len;
+  if (total == 0 || m.size() == 0) return 1.0;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t samples = std::min<uint64_t>(2048, total / page + 1);
+  const uint64_t stride = std::max<uint64_t>(total / samples, 1);
+  uint64_t seen = 0, resident = 0, acc = 0;
+  for (const Resolved& r : res) {
+    for (uint64_t off = acc % stride == 0 ? 0 : stride - acc % stride; off < r.len; off += stride) {
+      uint64_t at = (r.info.data_offset + r.begin + off) / page * page;
+      unsigned char vec = 0;
+      if (::mincore(const_cast<uint8_t*>(m.data()) + at, page, &vec) == 0) {
+        ++seen;
+        resident += vec & 1;
+      }
+    }
+    acc += r.len;
+  }
+  return seen == 0 ? 1.0 : static_cast<double>(resident) / seen;
+}
+
+// Reads file bytes [offset, offset + len) with O_DIRECT (offset, len and dst aligned); a read
+// that ends at end of file may return less than len but must cover `need` bytes.
+Status DirectRead(int fd, const std::string& path, uint8_t* dst, uint64_t offset, uint64_t len,
+                  uint64_t need) {
+  uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error(StatusCode::kIoError, path, ": direct read at offset ", offset + done,
+                   " failed ", ErrnoText(errno));
+    }
+    if (n == 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  if (done < need) {
+    return Error(StatusCode::kDataLoss, path, ": direct read at offset ", offset, " got ", done,
+                 " of ", need, " bytes (file truncated?)");
+  }
+  return Status::Ok();
+}
+
+// An aligned per-thread buffer for direct reads of compressed chunks.
+uint8_t* DirectBuffer(uint64_t bytes) {
+  struct Buf {
+    uint8_t* p = nullptr;
+    uint64_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf buf;
+  if (buf.n < bytes) {
+    std::free(buf.p);
+    buf.n = AlignUp(bytes, kDirectAlign);
+    buf.p = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, buf.n));
+    if (buf.p == nullptr) buf.n = 0;
+  }
+  return buf.p;
+}
+
+// Raw bytes [p.begin, p.begin + p.len) of an encoded tensor, its chunks read with O_DIRECT.
+Status FillEncodedDirect(const Reader::Impl& r, int fd, size_t tensor, uint64_t begin, uint64_t len,
+                         uint8_t* dst, bool verify) {
+  const fb::Tensor* t = r.at(tensor);
+  const uint64_t bs = t->block_size();
+  thread_local std::vector<uint8_t> block, scratch;
+  for (uint64_t b = begin / bs; b * bs < begin + len; ++b) {
+    const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
+    uint64_t off = t->data_offset() + ch->offset();
+    uint64_t abegin = off / kDirectAlign * kDirectAlign;
+    uint64_t aend = AlignUp(off + ch->stored_size(), kDirectAlign);
+    uint8_t* buf = DirectBuffer(aend - abegin);
+    if (buf == nullptr) {
+      return Error(StatusCode::kResourceExhausted, r.Where(tensor), ": direct read buffer");
+    }
+    FERRY_RETURN_IF_ERROR(
+        DirectRead(fd, r.path, buf, abegin, aend - abegin, off + ch->stored_size() - abegin));
+    uint64_t braw = r.BlockRawSize(tensor, b);
+    uint64_t bbegin = b * bs;
+    uint64_t lo = std::max(begin, bbegin), hi = std::min(begin + len, bbegin + braw);
+    if (scratch.size() < braw) scratch.resize(braw);
+    if (lo == bbegin && hi == bbegin + braw) {
+      FERRY_RETURN_IF_ERROR(r.DecodeStored(tensor, b, buf + (off - abegin), dst + (bbegin - begin),
+                                           scratch.data(), verify));
+    } else {
+      if (block.size() < braw) block.resize(braw);
+      FERRY_RETURN_IF_ERROR(
+          r.DecodeStored(tensor, b, buf + (off - abegin), block.data(), scratch.data(), verify));
+      std::memcpy(dst + (lo - begin), block.data() + (lo - bbegin), hi - lo);
     }
   }
-  return batches;
+  return Status::Ok();
 }
 
 // First error wins; later ones are dropped (they are usually consequences).
@@ -175,6 +314,51 @@ class ErrorSlot {
   Status status_;
   std::atomic<bool> failed_{false};
 };
+
+// An O_DIRECT descriptor for cold loads (IoMode), or none (-1) for the page-cache path.
+class DirectFile {
+ public:
+  DirectFile(const Reader::Impl& r, const std::vector<Resolved>& res, IoMode io) {
+    if (io == IoMode::kDirect ||
+        (io == IoMode::kAuto && ResidentFraction(*r.mapping, res) < kColdFraction)) {
+      fd_ = ::open(r.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    }
+  }
+  ~DirectFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  DirectFile(const DirectFile&) = delete;
+  DirectFile& operator=(const DirectFile&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Host target of a raw piece through direct I/O: an aligned bounce buffer, then a copy.
+Status FillRawDirect(const Reader::Impl& r, int fd, const Resolved& rr, const Piece& p,
+                     uint8_t* dst, bool verify) {
+  uint64_t off = rr.info.data_offset + p.begin;
+  uint64_t abegin = off / kDirectAlign * kDirectAlign;
+  uint64_t aend = AlignUp(off + p.len, kDirectAlign);
+  uint8_t* buf = DirectBuffer(aend - abegin);
+  if (buf == nullptr) {
+    return Error(StatusCode::kResourceExhausted, r.Where(rr.tensor), ": direct read buffer");
+  }
+  FERRY_RETURN_IF_ERROR(DirectRead(fd, r.path, buf, abegin, aend - abegin, off + p.len - abegin));
+  std::memcpy(dst, buf + (off - abegin), p.len);
+  if (verify) {
+    uint64_t bs = rr.info.block_size;
+    for (uint64_t b = p.begin / bs; b * bs < p.begin + p.len; ++b) {
+      uint64_t bb = b * bs, be = bb + r.BlockRawSize(rr.tensor, b);
+      const uint8_t* at = bb >= p.begin && be <= p.begin + p.len
+                              ? dst + (bb - p.begin)
+                              : r.base() + rr.info.data_offset + bb;
+      FERRY_RETURN_IF_ERROR(r.VerifyBlock(rr.tensor, b, at));
+    }
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -325,7 +509,8 @@ class Loader::Impl {
   Status PrepareDevice(CUcontext ctx) {
     if (ring == nullptr) {
       uint64_t nslots = std::max<uint64_t>(2, options.staging_bytes / options.chunk_bytes);
-      ring_bytes = nslots * options.chunk_bytes;
+      const uint64_t stride = options.chunk_bytes + kSlotSlack;
+      ring_bytes = nslots * stride;
       if (options.pinned_alloc == PinnedAlloc::kHostAlloc) {
         void* p = nullptr;
         FERRY_CUDA_RETURN(cudaHostAlloc(&p, ring_bytes, cudaHostAllocPortable), "staging ring");
@@ -347,7 +532,7 @@ class Loader::Impl {
         ring_registered = true;
       }
       slots.resize(nslots);
-      for (uint64_t i = 0; i < nslots; ++i) slots[i].data = ring + i * options.chunk_bytes;
+      for (uint64_t i = 0; i < nslots; ++i) slots[i].data = ring + i * stride;
     }
     if (events_ctx != ctx) {
       if (events_ctx != nullptr) {
@@ -404,20 +589,38 @@ class Loader::Impl {
     std::vector<LoadedTensor> out(res.size());
     FERRY_RETURN_IF_ERROR(AllocateDevice(r, res, order, out, cstream, alloc, ctx, dev));
 
-    const bool windows = options.host_path == HostPath::kRegisterWindows;
-    bool use_register = options.host_path == HostPath::kRegister || windows ||
-                        (options.host_path == HostPath::kAuto && registered == r.mapping);
+    // Data mostly absent from the page cache is read with O_DIRECT straight into the ring
+    // (no page-cache copy, no readahead guesswork); file systems without O_DIRECT (tmpfs)
+    // keep the page-cache path.
+    DirectFile direct_file(r, res, options.io);
+    const int direct_fd = direct_file.fd();
+    const bool windows = direct_fd < 0 && options.host_path == HostPath::kRegisterWindows;
+    bool use_register =
+        direct_fd < 0 && (options.host_path == HostPath::kRegister || windows ||
+                          (options.host_path == HostPath::kAuto && registered == r.mapping));
     if (use_register && !windows) FERRY_RETURN_IF_ERROR(RegisterMapping(r.mapping));
     if (windows) Unregister();
 
-    // Raw pieces go straight from the registered mapping; everything else is staged.
+    // Raw pieces go straight from the registered mapping, or through one direct read per
+    // batch; everything else is filled by the CPU (copy or decode) into the ring.
     std::vector<Piece> all = MakePieces(res, order, options.chunk_bytes);
-    std::vector<Piece> direct, staged;
+    std::vector<Piece> direct, staged, direct_raw;
     for (const Piece& p : all) {
       bool raw = res[p.r].info.encoding == Encoding::kRaw;
-      (use_register && raw ? direct : staged).push_back(p);
+      if (use_register && raw) {
+        direct.push_back(p);
+      } else if (direct_fd >= 0 && raw) {
+        direct_raw.push_back(p);
+      } else {
+        staged.push_back(p);
+      }
     }
-    std::vector<Batch> batches = MakeBatches(staged, options.chunk_bytes);
+    std::vector<Batch> batches;
+    const uint32_t nfill = static_cast<uint32_t>(staged.size());
+    staged.insert(staged.end(), direct_raw.begin(), direct_raw.end());
+    AppendBatches(staged, 0, nfill, options.chunk_bytes, &batches);
+    AppendDirectBatches(staged, nfill, static_cast<uint32_t>(staged.size()), res,
+                        options.chunk_bytes + kSlotSlack, &batches);
     std::vector<Group> groups;
     for (uint32_t i = 0; i < direct.size(); ++i) {
       const Piece& p = direct[i];
@@ -526,7 +729,7 @@ class Loader::Impl {
           slot_cv.wait(lock, [&] { return slot.turn == k || error.failed(); });
         }
         if (error.failed()) break;
-        Status st = RunBatch(r, res, staged, batches[k], slot, cstream, verify, &copies);
+        Status st = RunBatch(r, res, staged, batches[k], slot, cstream, verify, direct_fd, &copies);
         if (!st.ok()) error.Set(std::move(st));
         {
           std::lock_guard<std::mutex> lock(slot_mu);
@@ -550,49 +753,72 @@ class Loader::Impl {
     stats.copies = copies.load();
     stats.pinned_bytes = ring_bytes;
     stats.used_register = use_register;
+    stats.used_direct_io = direct_fd >= 0;
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 
   Status RunBatch(const Reader::Impl& r, const std::vector<Resolved>& res,
                   const std::vector<Piece>& pieces, const Batch& batch, Slot& slot,
-                  cudaStream_t stream, bool verify, std::atomic<uint64_t>* copies) {
+                  cudaStream_t stream, bool verify, int direct_fd, std::atomic<uint64_t>* copies) {
     if (slot.used) {
       cudaError_t err = cudaEventSynchronize(slot.event);
       if (err != cudaSuccess) return CudaStatus(err, r.path, "waiting for a staging slot");
     }
-    uint64_t off = 0;
-    for (uint32_t i = batch.first; i < batch.last; ++i) {
-      const Piece& p = pieces[i];
-      FERRY_RETURN_IF_ERROR(r.ReadRange(res[p.r].tensor, p.begin, p.len, slot.data + off, verify,
-                                        options.streaming_stores));
-      off += AlignUp(p.len, 64);
+    if (batch.direct) {
+      const Piece& last = pieces[batch.last - 1];
+      uint64_t need = res[last.r].info.data_offset + last.begin + last.len - batch.span_begin;
+      FERRY_RETURN_IF_ERROR(
+          DirectRead(direct_fd, r.path, slot.data, batch.span_begin, batch.span_len, need));
+      if (verify) {
+        for (uint32_t i = batch.first; i < batch.last; ++i) {
+          const Piece& p = pieces[i];
+          const Resolved& rr = res[p.r];
+          uint64_t bs = rr.info.block_size;
+          for (uint64_t b = p.begin / bs; b * bs < p.begin + p.len; ++b) {
+            uint64_t bb = b * bs, be = bb + r.BlockRawSize(rr.tensor, b);
+            // Whole blocks inside the piece are checked in the ring; a block cut by a row
+            // range is checked through the mapping.
+            const uint8_t* at = bb >= p.begin && be <= p.begin + p.len
+                                    ? slot.data + p.soff + (bb - p.begin)
+                                    : r.base() + rr.info.data_offset + bb;
+            FERRY_RETURN_IF_ERROR(r.VerifyBlock(rr.tensor, b, at));
+          }
+        }
+      }
+    } else {
+      for (uint32_t i = batch.first; i < batch.last; ++i) {
+        const Piece& p = pieces[i];
+        size_t tensor = res[p.r].tensor;
+        if (direct_fd >= 0 && res[p.r].info.encoding != Encoding::kRaw) {
+          FERRY_RETURN_IF_ERROR(
+              FillEncodedDirect(r, direct_fd, tensor, p.begin, p.len, slot.data + p.soff, verify));
+        } else {
+          FERRY_RETURN_IF_ERROR(r.ReadRange(tensor, p.begin, p.len, slot.data + p.soff, verify,
+                                            options.streaming_stores));
+        }
+      }
     }
-    // One DMA per run of pieces whose destinations are contiguous (up to alignment gaps).
-    off = 0;
+    // One DMA per run of pieces whose staging and destination offsets advance together.
     uint32_t i = batch.first;
     while (i < batch.last) {
       const Piece& p = pieces[i];
       uint8_t* dst = res[p.r].dst + p.dst_off;
-      uint64_t run_src = off;
       uint64_t run_len = p.len;
-      off += AlignUp(p.len, 64);
       uint32_t j = i + 1;
       while (j < batch.last) {
         const Piece& q = pieces[j];
         uint8_t* qdst = res[q.r].dst + q.dst_off;
-        // The staging offset of q must mirror its destination offset within the run.
-        if (res[q.r].alloc_id != res[p.r].alloc_id || qdst < dst ||
-            static_cast<uint64_t>(qdst - dst) != off - run_src) {
+        if (res[q.r].alloc_id != res[p.r].alloc_id || qdst < dst || q.soff < p.soff ||
+            static_cast<uint64_t>(qdst - dst) != q.soff - p.soff) {
           break;
         }
-        run_len = (off - run_src) + q.len;
-        off += AlignUp(q.len, 64);
+        run_len = q.soff - p.soff + q.len;
         ++j;
       }
       if (run_len > 0) {
         cudaError_t err =
-            cudaMemcpyAsync(dst, slot.data + run_src, run_len, cudaMemcpyHostToDevice, stream);
+            cudaMemcpyAsync(dst, slot.data + p.soff, run_len, cudaMemcpyHostToDevice, stream);
         if (err != cudaSuccess) return CudaStatus(err, r.Where(res[p.r].tensor), "cudaMemcpyAsync");
         copies->fetch_add(1, std::memory_order_relaxed);
       }
@@ -695,6 +921,8 @@ class Loader::Impl {
       out[k].data = rr.dst;
     }
     std::vector<Piece> pieces = MakePieces(res, order, options.chunk_bytes);
+    DirectFile direct_file(r, res, options.io);
+    const int fd = direct_file.fd();
     ErrorSlot error;
     std::atomic<uint64_t> next{0};
     pool->Run([&](int) {
@@ -702,13 +930,22 @@ class Loader::Impl {
         uint64_t k = next.fetch_add(1);
         if (k >= pieces.size() || error.failed()) return;
         const Piece& p = pieces[k];
-        Status st =
-            r.ReadRange(res[p.r].tensor, p.begin, p.len, res[p.r].dst + p.dst_off, options.verify);
+        const Resolved& rr = res[p.r];
+        uint8_t* dst = rr.dst + p.dst_off;
+        Status st;
+        if (fd < 0) {
+          st = r.ReadRange(rr.tensor, p.begin, p.len, dst, options.verify);
+        } else if (rr.info.encoding == Encoding::kRaw) {
+          st = FillRawDirect(r, fd, rr, p, dst, options.verify);
+        } else {
+          st = FillEncodedDirect(r, fd, rr.tensor, p.begin, p.len, dst, options.verify);
+        }
         if (!st.ok()) error.Set(std::move(st));
       }
     });
     if (error.failed()) return error.Get();
     stats = LoadStats{};
+    stats.used_direct_io = fd >= 0;
     for (const Resolved& rr : res) stats.bytes += rr.len;
     stats.copies = pieces.size();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

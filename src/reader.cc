@@ -477,26 +477,33 @@ Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const
 Status Reader::Impl::DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch,
                                  bool verify) const {
   const fb::Tensor* t = at(i);
-  uint64_t raw = BlockRawSize(i, b);
   if (t->encoding() == fb::Encoding::RAW) {
-    std::memcpy(dst, base() + t->data_offset() + b * t->block_size(), raw);
-  } else {
-    const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
-    const uint8_t* src = base() + t->data_offset() + ch->offset();
-    bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD;
-    size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
-    uint8_t* out = shuffled && width > 1 ? scratch : dst;
-    if (ch->codec() == fb::ChunkCodec::STORED) {
-      std::memcpy(out, src, raw);
-    } else {
-      Status st = ZstdDecompressExact(src, ch->stored_size(), out, raw);
-      if (!st.ok()) {
-        return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
-                     t->data_offset() + ch->offset(), ": ", st.message());
-      }
-    }
-    if (out != dst) Unshuffle(out, dst, raw, width);
+    std::memcpy(dst, base() + t->data_offset() + b * t->block_size(), BlockRawSize(i, b));
+    if (verify) return VerifyBlock(i, b, dst);
+    return Status::Ok();
   }
+  const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
+  return DecodeStored(i, b, base() + t->data_offset() + ch->offset(), dst, scratch, verify);
+}
+
+Status Reader::Impl::DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst,
+                                  uint8_t* scratch, bool verify) const {
+  const fb::Tensor* t = at(i);
+  uint64_t raw = BlockRawSize(i, b);
+  const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
+  bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD;
+  size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
+  uint8_t* out = shuffled && width > 1 ? scratch : dst;
+  if (ch->codec() == fb::ChunkCodec::STORED) {
+    std::memcpy(out, src, raw);
+  } else {
+    Status st = ZstdDecompressExact(src, ch->stored_size(), out, raw);
+    if (!st.ok()) {
+      return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
+                   t->data_offset() + ch->offset(), ": ", st.message());
+    }
+  }
+  if (out != dst) Unshuffle(out, dst, raw, width);
   if (verify) return VerifyBlock(i, b, dst);
   return Status::Ok();
 }
@@ -524,7 +531,9 @@ Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* 
     }
     return Status::Ok();
   }
-  std::vector<uint8_t> block, scratch;
+  // Per-thread buffers: loader workers call this for every piece, and a fresh 4 MiB vector
+  // each time would cost page faults on every call.
+  thread_local std::vector<uint8_t> block, scratch;
   for (uint64_t b = begin / bs; b * bs < end; ++b) {
     uint64_t bbegin = b * bs;
     uint64_t braw = BlockRawSize(i, b);
@@ -584,8 +593,14 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
     return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,
                  " is not 8-byte aligned");
   }
-  FERRY_ASSIGN_OR_RETURN(impl->checkpoint, ParseFooter(base + loc.offset, loc.size, loc.offset,
-                                                       path));
+  // The index is copied out of the mapping: a file truncated or rewritten after open must not
+  // turn every later lookup into a SIGBUS. Data reads still go through the mapping (or O_DIRECT).
+  impl->footer_copy.resize((loc.size + 7) / 8);
+  std::memcpy(impl->footer_copy.data(), base + loc.offset, loc.size);
+  FERRY_ASSIGN_OR_RETURN(
+      impl->checkpoint,
+      ParseFooter(reinterpret_cast<const uint8_t*>(impl->footer_copy.data()), loc.size,
+                  loc.offset, path));
   std::shared_ptr<Reader> reader(new Reader(std::move(impl)));
   if (options.verify_on_open) FERRY_RETURN_IF_ERROR(reader->VerifyAll());
   return reader;

@@ -33,6 +33,9 @@ class Reader::Impl {
   std::string path;
   std::shared_ptr<Mapping> mapping;
   const fb::Checkpoint* checkpoint = nullptr;
+  // Our own files: `checkpoint` points into this copy of the footer (8-byte aligned), so a
+  // file truncated after open cannot fault on index lookups.
+  std::vector<uint64_t> footer_copy;
 
   const uint8_t* base() const { return mapping->data(); }
   size_t size() const;
@@ -48,6 +51,10 @@ class Reader::Impl {
   // Decodes block b of tensor i into dst (BlockRawSize bytes), verifying its checksum when
   // asked. `scratch` must hold BlockRawSize bytes for SHUFFLE_ZSTD tensors (else unused).
   Status DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch, bool verify) const;
+  // As DecodeBlock for an encoded tensor whose chunk b's stored bytes are at `src` (read by
+  // the caller, e.g. with O_DIRECT, instead of through the mapping).
+  Status DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst, uint8_t* scratch,
+                      bool verify) const;
   Status VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const;
   // Copies raw bytes [begin, begin + len) of tensor i into dst, decoding as needed.
   // `streaming` copies raw bytes with non-temporal stores (for DMA staging buffers that the

@@ -54,13 +54,23 @@ enum class HostPath : uint8_t {
   kRegisterWindows = 3
 };
 
+// How bytes leave the file. kAuto samples page-cache residency (mincore) of the requested
+// ranges: mostly resident takes the page-cache path (mapping), mostly cold takes kDirect.
+// kDirect falls back to the page cache where the file system refuses O_DIRECT (tmpfs).
+enum class IoMode : uint8_t {
+  kAuto = 0,
+  kPageCache = 1,  // read through the mmap
+  kDirect = 2      // O_DIRECT reads into the pinned ring (aligned to 4096)
+};
+
 enum class PinnedAlloc : uint8_t {
   kHostRegister = 0,  // malloc + prefault + cudaHostRegister (measured faster to set up)
   kHostAlloc = 1      // cudaHostAlloc
 };
 
 struct LoaderOptions {
-  // Total pinned staging memory, split into slots of chunk_bytes.
+  // Pinned staging memory, split into slots of chunk_bytes (each with 8 KiB of room for
+  // aligning direct reads).
   uint64_t staging_bytes = uint64_t{64} << 20;
   // Bytes per staging slot and per DMA; small tensors are packed into one slot when their
   // destinations are contiguous.
@@ -68,6 +78,7 @@ struct LoaderOptions {
   // CPU worker threads (copy, decode, verify). 0: min(8, hardware threads).
   int threads = 0;
   HostPath host_path = HostPath::kAuto;
+  IoMode io = IoMode::kAuto;
   uint64_t register_window_bytes = uint64_t{64} << 20;
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
   // Check block checksums while loading.
@@ -100,11 +111,12 @@ struct LoadedTensor {
 
 // Figures of the last load, for benchmarks and logs.
 struct LoadStats {
-  uint64_t bytes = 0;          // raw bytes delivered
-  uint64_t copies = 0;         // cudaMemcpyAsync calls (device) or memcpy pieces (host)
-  uint64_t pinned_bytes = 0;   // pinned staging memory held by the loader
-  bool used_register = false;  // the page-cache registration path was taken
-  double seconds = 0;          // wall time of the call
+  uint64_t bytes = 0;           // raw bytes delivered
+  uint64_t copies = 0;          // cudaMemcpyAsync calls (device) or memcpy pieces (host)
+  uint64_t pinned_bytes = 0;    // pinned staging memory held by the loader
+  bool used_register = false;   // the page-cache registration path was taken
+  bool used_direct_io = false;  // O_DIRECT reads were used
+  double seconds = 0;           // wall time of the call
 };
 
 class FERRY_API Loader {
