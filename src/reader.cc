@@ -6,6 +6,7 @@
 #include "codec.hpp"
 #include "format.hpp"
 #include "reader_impl.hpp"
+#include "safetensors.hpp"
 #include "util.hpp"
 
 namespace ferry {
@@ -36,6 +37,7 @@ struct TensorWhere {
 struct Validator {
   const std::string& path;
   uint64_t footer_offset;
+  const FooterRules& rules;
 
   Status Fail(const std::string& what) const {
     return Error(StatusCode::kDataLoss, path, ": corrupt footer (starts at offset ",
@@ -98,9 +100,9 @@ struct Validator {
       if (t->data_offset() < format::kMagicSize) {
         return Fail(StrCat(where, ": data offset ", t->data_offset(), " overlaps the magic"));
       }
-      if (t->data_offset() % format::kSmallAlign != 0) {
+      if (rules.alignment > 1 && t->data_offset() % rules.alignment != 0) {
         return Fail(StrCat(where, ": data offset ", t->data_offset(), " is not ",
-                           format::kSmallAlign, "-byte aligned"));
+                           rules.alignment, "-byte aligned"));
       }
     }
     uint64_t nblocks = 0;
@@ -113,7 +115,10 @@ struct Validator {
       nblocks = nbytes / bs + (nbytes % bs != 0);
     }
     uint64_t nsums = t->checksums() ? t->checksums()->size() : 0;
-    if (nsums != nblocks) {
+    if (!rules.checksums && nsums != 0) {
+      return Fail(StrCat(where, ": ", nsums, " checksums where none are expected"));
+    }
+    if (rules.checksums && nsums != nblocks) {
       return Fail(StrCat(where, ": ", nsums, " checksums for ", nblocks, " blocks"));
     }
     uint64_t nchunks = t->chunks() ? t->chunks()->size() : 0;
@@ -345,8 +350,8 @@ Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
 }
 
 Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
-                                          const std::string& path) {
-  Validator v{path, data_end};
+                                          const std::string& path, const FooterRules& rules) {
+  Validator v{path, data_end, rules};
   if (size < 8 || size > format::kMaxFooterBytes) return v.Fail(StrCat("size ", size));
   if (reinterpret_cast<uintptr_t>(footer) % 8 != 0) {
     return Error(StatusCode::kInternal, path, ": footer buffer is not 8-byte aligned");
@@ -457,6 +462,7 @@ uint64_t Reader::Impl::BlockRawSize(size_t i, uint64_t b) const {
 }
 
 Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const {
+  if (!has_checksums) return Status::Ok();
   const fb::Tensor* t = at(i);
   uint64_t len = BlockRawSize(i, b);
   uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
@@ -587,6 +593,20 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
   FERRY_ASSIGN_OR_RETURN(impl->mapping, Mapping::Map(path));
   const uint8_t* base = impl->mapping->data();
   uint64_t size = impl->mapping->size();
+  if (LooksLikeSafetensors(base, size)) {
+    FERRY_ASSIGN_OR_RETURN(uint64_t index_size,
+                           ParseSafetensors(base, size, path, &impl->synthesized));
+    FooterRules rules;
+    rules.checksums = false;
+    rules.alignment = 1;
+    FERRY_ASSIGN_OR_RETURN(
+        impl->checkpoint,
+        ParseFooter(reinterpret_cast<const uint8_t*>(impl->synthesized.data()), index_size, size,
+                    path, rules));
+    impl->safetensors = true;
+    impl->has_checksums = false;
+    return std::shared_ptr<Reader>(new Reader(std::move(impl)));
+  }
   FERRY_ASSIGN_OR_RETURN(FooterLocation loc, LocateFooter(base, size, path));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {

@@ -14,11 +14,19 @@
 
 namespace ferry {
 
+// What ParseFooter demands beyond the schema. Our own files keep the defaults; an index
+// synthesized from a safetensors header (src/safetensors.hpp) describes tensors that have no
+// checksums and lie back to back at any byte offset.
+struct FooterRules {
+  bool checksums = true;    // false: every tensor must have none
+  uint64_t alignment = 64;  // of every non-empty tensor's data offset
+};
+
 // Parses and validates a footer held in memory. `data_end` is the file offset where the
 // footer starts (every tensor extent must end at or before it). This is the entry point
 // fuzzers drive; it performs no I/O and trusts nothing in `footer`.
 Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
-                                          const std::string& path);
+                                          const std::string& path, const FooterRules& rules = {});
 
 // Locates and checks the trailer of a whole file image; returns the footer's offset and size.
 struct FooterLocation {
@@ -36,6 +44,11 @@ class Reader::Impl {
   // Our own files: `checkpoint` points into this copy of the footer (8-byte aligned), so a
   // file truncated after open cannot fault on index lookups.
   std::vector<uint64_t> footer_copy;
+  // A .safetensors file: `checkpoint` points into `synthesized`, an index built from its JSON
+  // header, and there are no checksums, so verification has nothing to check.
+  bool safetensors = false;
+  bool has_checksums = true;
+  std::vector<uint64_t> synthesized;
 
   const uint8_t* base() const { return mapping->data(); }
   size_t size() const;

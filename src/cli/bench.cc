@@ -1,0 +1,470 @@
+// `ferry bench`: load throughput of a checkpoint onto the current GPU (or into host memory
+// without one), printed beside the hardware ceiling measured in the same run.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "cli.hpp"
+#include "ferry/loader.hpp"
+#include "reader_impl.hpp"
+#include "util.hpp"
+
+#ifdef FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace ferry::cli {
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The generated file and its directory, removed on exit and on Ctrl-C: they usually sit in
+// /dev/shm, where a leftover holds RAM until reboot.
+char g_cleanup_file[4096];
+char g_cleanup_dir[4096];
+
+void RemoveGenerated() {
+  if (g_cleanup_file[0]) ::unlink(g_cleanup_file);
+  if (g_cleanup_dir[0]) ::rmdir(g_cleanup_dir);
+  g_cleanup_file[0] = g_cleanup_dir[0] = '\0';
+}
+
+void OnSignal(int sig) {
+  // unlink and rmdir are async-signal-safe.
+  if (g_cleanup_file[0]) ::unlink(g_cleanup_file);
+  if (g_cleanup_dir[0]) ::rmdir(g_cleanup_dir);
+  ::_exit(128 + sig);
+}
+
+std::string PickDir(const BenchOptions& options, uint64_t need) {
+  if (!options.dir.empty()) return options.dir;
+  struct statvfs vfs;
+  struct stat st;
+  // /dev/shm keeps the file in RAM, so the benchmark measures the loader, not the disk.
+  if (::stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && ::access("/dev/shm", W_OK) == 0 &&
+      ::statvfs("/dev/shm", &vfs) == 0 &&
+      static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize > need + (uint64_t{256} << 20)) {
+    return "/dev/shm";
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/tmp";
+}
+
+struct Layout {
+  int64_t hidden = 0, ffn = 0, kv = 0, vocab = 0;
+  int layers = 0;
+};
+
+uint64_t LayerBytes(int64_t h, int64_t ffn, int64_t kv) {
+  return 2 * static_cast<uint64_t>(2 * h * h + 2 * kv * h + 3 * ffn * h + 2 * h);
+}
+
+// A llama-like decoder (GQA 4:1, MLP 3.5x hidden) sized to `target`: the widest hidden size
+// that still fits four layers beside the embeddings, as many layers as fit, and the vocabulary
+// taking up the remainder so the file comes out close to the size asked for.
+Layout ChooseLayout(uint64_t target) {
+  Layout best;
+  for (int64_t h : {64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
+    int64_t ffn = std::max<int64_t>(64, (h * 7 / 2 + 127) / 128 * 128);
+    int64_t kv = std::max<int64_t>(16, h / 4);
+    int64_t vocab = std::min<int64_t>(32000, 64 * h);
+    uint64_t embed = 2 * static_cast<uint64_t>(2 * vocab * h) + 2 * h;
+    uint64_t layer = LayerBytes(h, ffn, kv);
+    if (best.hidden != 0 && embed + 4 * layer > target) break;
+    best = Layout{h, ffn, kv, vocab, 1};
+    if (target > embed)
+      best.layers = static_cast<int>(std::max<uint64_t>(1, (target - embed) / layer));
+  }
+  uint64_t layers_bytes = best.layers * LayerBytes(best.hidden, best.ffn, best.kv);
+  if (target > layers_bytes + 2 * best.hidden) {
+    int64_t vocab = static_cast<int64_t>((target - layers_bytes - 2 * best.hidden) /
+                                         (4 * static_cast<uint64_t>(best.hidden)));
+    best.vocab = std::max<int64_t>(64, vocab / 64 * 64);
+  }
+  return best;
+}
+
+Status Generate(const std::string& path, uint64_t target, Layout* layout_out, size_t* count) {
+  Layout L = ChooseLayout(target);
+  *layout_out = L;
+  struct T {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  std::vector<T> tensors;
+  tensors.push_back({"model.embed_tokens.weight", {L.vocab, L.hidden}});
+  for (int l = 0; l < L.layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    tensors.push_back({p + "input_layernorm.weight", {L.hidden}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {L.hidden, L.hidden}});
+    tensors.push_back({p + "self_attn.k_proj.weight", {L.kv, L.hidden}});
+    tensors.push_back({p + "self_attn.v_proj.weight", {L.kv, L.hidden}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {L.hidden, L.hidden}});
+    tensors.push_back({p + "post_attention_layernorm.weight", {L.hidden}});
+    tensors.push_back({p + "mlp.gate_proj.weight", {L.ffn, L.hidden}});
+    tensors.push_back({p + "mlp.up_proj.weight", {L.ffn, L.hidden}});
+    tensors.push_back({p + "mlp.down_proj.weight", {L.hidden, L.ffn}});
+  }
+  tensors.push_back({"model.norm.weight", {L.hidden}});
+  tensors.push_back({"lm_head.weight", {L.vocab, L.hidden}});
+  *count = tensors.size();
+  uint64_t total = 0;
+  for (const T& t : tensors) total += 2 * *NumElements(t.shape);
+
+  // bf16 values of weight-like magnitude (|x| around 2^-7..2^0, random sign and mantissa),
+  // so compressed encodings see realistic entropy. One pattern, read at shifting offsets.
+  std::vector<uint16_t> pattern((uint64_t{16} << 20) / 2);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint16_t& v : pattern) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint16_t exponent = static_cast<uint16_t>(120 + (x >> 32) % 7);
+    v = static_cast<uint16_t>(((x >> 8) & 0x8000) | (exponent << 7) | (x & 0x7f));
+  }
+  const uint8_t* pat = reinterpret_cast<const uint8_t*>(pattern.data());
+  const uint64_t pat_bytes = pattern.size() * 2;
+
+  WriterOptions wo;
+  wo.durable = false;  // a scratch file
+  FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(path, wo));
+  Progress progress("generating", total);
+  uint64_t shift = 0;
+  for (const T& t : tensors) {
+    uint64_t start = (shift += 4098) % (pat_bytes / 2);
+    FillFn fill = [&](uint64_t offset, void* dst, size_t size) {
+      auto* out = static_cast<uint8_t*>(dst);
+      for (size_t done = 0; done < size;) {
+        uint64_t at = (start + offset + done) % pat_bytes & ~uint64_t{1};
+        size_t n = std::min<uint64_t>(size - done, pat_bytes - at);
+        std::memcpy(out + done, pat + at, n);
+        done += n;
+      }
+      progress.Add(size);
+      return Status::Ok();
+    };
+    FERRY_RETURN_IF_ERROR(
+        writer.AddTensorFrom(t.name, DType::kBF16, t.shape, fill, Encoding::kRaw));
+  }
+  writer.SetMetadata("generator", "ferry bench --generate").ok();
+  Status st = writer.Commit();
+  progress.Finish();
+  return st;
+}
+
+// Touches every page of the mapping so the timed loads read a hot page cache, as the
+// ceiling does.
+void WarmPageCache(const Reader& reader) {
+  const Reader::Impl& impl = reader.impl();
+  const volatile uint8_t* p = impl.base();
+  uint64_t size = reader.file_size();
+  Progress progress("reading into the page cache", size);
+  uint8_t sink = 0;
+  for (uint64_t off = 0; off < size; off += 4096) {
+    sink ^= p[off];
+    progress.Add(std::min<uint64_t>(4096, size - off));
+  }
+  (void)sink;
+}
+
+struct Runs {
+  std::vector<double> seconds;
+  double Median() const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    size_t n = s.size();
+    return n == 0 ? 0 : n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+  }
+  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
+};
+
+// memcpy of every tensor's bytes from the mapping into one prefaulted buffer, split over
+// `threads` threads: what a host load could reach if allocation and bookkeeping were free.
+double HostCeiling(const Reader& reader, uint64_t bytes, int threads, int reps) {
+  const Reader::Impl& impl = reader.impl();
+  std::vector<uint8_t> dst(bytes);
+  std::memset(dst.data(), 1, dst.size());
+  struct Piece {
+    const uint8_t* src;
+    uint64_t dst_off, len;
+  };
+  std::vector<Piece> pieces;
+  uint64_t off = 0;
+  constexpr uint64_t kPiece = uint64_t{4} << 20;
+  for (size_t i = 0; i < reader.num_tensors(); ++i) {
+    const fb::Tensor* t = impl.at(i);
+    for (uint64_t b = 0; b < t->nbytes(); b += kPiece) {
+      pieces.push_back(
+          Piece{impl.base() + t->data_offset() + b, off + b, std::min(kPiece, t->nbytes() - b)});
+    }
+    off += t->nbytes();
+  }
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t k; (k = next.fetch_add(1)) < pieces.size();) {
+        std::memcpy(dst.data() + pieces[k].dst_off, pieces[k].src, pieces[k].len);
+      }
+    };
+    double t0 = Now();
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    best = std::min(best, Now() - t0);
+  }
+  return best;
+}
+
+#ifdef FERRY_HAVE_CUDA
+// Pinned host-to-device copies of `bytes` in 256 MiB pieces from one cudaHostAlloc buffer,
+// timed with CUDA events on the default stream: the link's practical limit.
+Result<double> DeviceCeiling(uint64_t bytes, int reps) {
+  const uint64_t chunk = std::min<uint64_t>(uint64_t{256} << 20, std::max<uint64_t>(bytes, 1));
+  void *host = nullptr, *dev = nullptr;
+  cudaEvent_t a = nullptr, b = nullptr;
+  auto fail = [&](cudaError_t err, const char* what) {
+    cudaGetLastError();
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    if (dev) cudaFree(dev);
+    if (host) cudaFreeHost(host);
+    return Error(StatusCode::kCudaError, "ceiling: ", what, ": ", cudaGetErrorString(err));
+  };
+  cudaError_t err;
+  if ((err = cudaHostAlloc(&host, chunk, cudaHostAllocDefault)) != cudaSuccess)
+    return fail(err, "cudaHostAlloc");
+  std::memset(host, 1, chunk);
+  if ((err = cudaMalloc(&dev, chunk)) != cudaSuccess) return fail(err, "cudaMalloc");
+  if ((err = cudaEventCreate(&a)) != cudaSuccess) return fail(err, "cudaEventCreate");
+  if ((err = cudaEventCreate(&b)) != cudaSuccess) return fail(err, "cudaEventCreate");
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(a, nullptr);
+    for (uint64_t done = 0; done < bytes; done += chunk) {
+      err = cudaMemcpyAsync(dev, host, std::min(chunk, bytes - done), cudaMemcpyHostToDevice,
+                            nullptr);
+      if (err != cudaSuccess) return fail(err, "cudaMemcpyAsync");
+    }
+    cudaEventRecord(b, nullptr);
+    if ((err = cudaEventSynchronize(b)) != cudaSuccess) return fail(err, "cudaEventSynchronize");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    best = std::min(best, ms / 1e3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFree(dev);
+  cudaFreeHost(host);
+  return best;
+}
+#endif
+
+// A destination for --prealloc, touched once so page faults stay out of the timed loads.
+std::shared_ptr<void> AllocateDestination(bool gpu, uint64_t bytes) {
+#ifdef FERRY_HAVE_CUDA
+  if (gpu) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
+#endif
+  (void)gpu;
+  void* p = std::malloc(bytes);
+  if (p == nullptr) return nullptr;
+  std::memset(p, 0, bytes);
+  return std::shared_ptr<void>(p, std::free);
+}
+
+}  // namespace
+
+int RunBench(const BenchOptions& options) {
+  std::string path = options.file;
+  std::string generated_desc;
+  if (!options.generate.empty()) {
+    auto size = ParseSize(options.generate);
+    if (!size || *size < (uint64_t{1} << 20)) {
+      std::fprintf(stderr,
+                   "ferry bench: --generate %s: give a size of at least 1MiB, "
+                   "like 1GiB or 512MiB\n",
+                   options.generate.c_str());
+      return kExitUsage;
+    }
+    std::string dir = PickDir(options, *size);
+    std::string templ = dir + "/ferry-bench-XXXXXX";
+    if (::mkdtemp(templ.data()) == nullptr) {
+      return Fail(Error(StatusCode::kIoError, templ, ": mkdtemp failed ", ErrnoText(errno)));
+    }
+    path = templ + "/bench.ferry";
+    if (!options.keep) {
+      std::snprintf(g_cleanup_dir, sizeof(g_cleanup_dir), "%s", templ.c_str());
+      std::snprintf(g_cleanup_file, sizeof(g_cleanup_file), "%s", path.c_str());
+      std::atexit(RemoveGenerated);
+      std::signal(SIGINT, OnSignal);
+      std::signal(SIGTERM, OnSignal);
+    }
+    Layout layout;
+    size_t count = 0;
+    double t0 = Now();
+    Status st = Generate(path, *size, &layout, &count);
+    if (!st.ok()) return Fail(st);
+    generated_desc =
+        StrCat(", generated in ", static_cast<int>((Now() - t0) * 1000), " ms: ", count,
+               " bf16 tensors, llama-like: hidden ", layout.hidden, ", ffn ", layout.ffn, ", kv ",
+               layout.kv, ", ", layout.layers, " layers, vocab ", layout.vocab);
+  }
+
+  auto opened = Reader::Open(path);
+  if (!opened.ok()) return Fail(opened.status());
+  const Reader& reader = **opened;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < reader.num_tensors(); ++i) bytes += reader.impl().at(i)->nbytes();
+  WarmPageCache(reader);
+
+  LoaderOptions lo;
+  lo.threads = options.threads;
+  lo.chunk_bytes = static_cast<uint64_t>(options.chunk_mib) << 20;
+  lo.staging_bytes = static_cast<uint64_t>(options.staging_mib) << 20;
+  lo.host_path = options.path == "staging"    ? HostPath::kStaging
+                 : options.path == "register" ? HostPath::kRegister
+                                              : HostPath::kAuto;
+  lo.verify = options.verify;
+  int threads =
+      options.threads > 0
+          ? options.threads
+          : static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+
+#ifdef FERRY_HAVE_CUDA
+  if (options.device >= 0) {
+    cudaError_t err = cudaSetDevice(options.device);
+    if (err != cudaSuccess) {
+      return Fail(Error(StatusCode::kCudaError, "cudaSetDevice(", options.device,
+                        "): ", cudaGetErrorString(err)));
+    }
+  }
+#else
+  if (options.device >= 0) {
+    return Fail(Error(StatusCode::kUnimplemented, "--device: this build has no CUDA support"));
+  }
+#endif
+  const bool gpu = CudaAvailable();
+  if (options.device >= 0 && !gpu) {
+    return Fail(
+        Error(StatusCode::kCudaError, "--device ", options.device, ": no usable CUDA device"));
+  }
+
+  std::string target = "host memory (no usable CUDA device: Loader::LoadToHost)";
+#ifdef FERRY_HAVE_CUDA
+  if (gpu) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, dev);
+    target = StrCat("GPU ", dev, ": ", prop.name, " (current device), default stream");
+  }
+#endif
+
+  auto loader_or = Loader::Create(lo);
+  if (!loader_or.ok()) return Fail(loader_or.status());
+  Loader& loader = **loader_or;
+  std::vector<LoadRequest> requests;
+  std::vector<std::shared_ptr<void>> buffers;
+  if (options.prealloc) {
+    for (size_t i = 0; i < reader.num_tensors(); ++i) {
+      TensorInfo t = reader.tensor(i);
+      LoadRequest q;
+      q.name = t.name;
+      q.dst_bytes = t.nbytes;
+      if (t.nbytes > 0) {
+        std::shared_ptr<void> buf = AllocateDestination(gpu, t.nbytes);
+        if (!buf) {
+          return Fail(Error(StatusCode::kResourceExhausted, "cannot allocate ", t.nbytes,
+                            " bytes for ", Quote(t.name), gpu ? " on the GPU" : ""));
+        }
+        q.dst = buf.get();
+        buffers.push_back(std::move(buf));
+      }
+      requests.push_back(std::move(q));
+    }
+  }
+  auto load_once = [&]() -> Result<double> {
+    double t0 = Now();
+    auto out = gpu ? loader.Load(reader, requests) : loader.LoadToHost(reader, requests);
+    double secs = Now() - t0;
+    if (!out.ok()) return out.status();
+    return secs;  // `out` frees the tensors here, outside the timed region
+  };
+
+  std::printf("checkpoint  %s (%s, %zu tensors%s)\n", path.c_str(), HumanBytes(bytes).c_str(),
+              reader.num_tensors(), generated_desc.c_str());
+  std::printf("target      %s\n", target.c_str());
+  std::printf("loader      threads %d, chunk %d MiB, staging %d MiB, path %s%s, %s\n", threads,
+              options.chunk_mib, options.staging_mib, options.path.c_str(),
+              options.verify ? ", verifying checksums" : "",
+              options.prealloc ? "into preallocated buffers" : "the loader allocates");
+  std::fflush(stdout);
+
+  auto warm = load_once();
+  if (!warm.ok()) return Fail(warm.status());
+  std::printf("warm-up     %.3f s  %s  (first load%s)\n", *warm, Rate(bytes, *warm).c_str(),
+              gpu ? ": includes pinned staging set-up" : "");
+  Runs runs;
+  for (int r = 0; r < options.repeat; ++r) {
+    auto secs = load_once();
+    if (!secs.ok()) return Fail(secs.status());
+    runs.seconds.push_back(*secs);
+    std::printf("run %d/%d     %.3f s  %s\n", r + 1, options.repeat, *secs,
+                Rate(bytes, *secs).c_str());
+    std::fflush(stdout);
+  }
+  LoadStats stats = loader.last_stats();
+  double median = runs.Median(), best = runs.Best();
+  std::printf("load        median %s, best %s (%s per load", Rate(bytes, median).c_str(),
+              Rate(bytes, best).c_str(), HumanBytes(bytes).c_str());
+  if (gpu) {
+    std::printf(", %llu copies, %s pinned, %s", static_cast<unsigned long long>(stats.copies),
+                HumanBytes(stats.pinned_bytes).c_str(),
+                stats.used_register ? "registered page cache" : "staging ring");
+  }
+  std::printf(")\n");
+
+  double ceiling_secs = 0;
+  std::string ceiling_desc;
+#ifdef FERRY_HAVE_CUDA
+  if (gpu) {
+    auto c = DeviceCeiling(bytes, 3);
+    if (!c.ok()) return Fail(c.status());
+    ceiling_secs = *c;
+    ceiling_desc =
+        "pinned cudaMemcpyAsync host-to-device, 256 MiB chunks from cudaHostAlloc, "
+        "timed with CUDA events";
+  }
+#endif
+  if (!gpu) {
+    ceiling_secs = HostCeiling(reader, bytes, threads, 3);
+    ceiling_desc =
+        StrCat("memcpy of the same bytes, ", threads, threads == 1 ? " thread" : " threads",
+               ", page cache to a prefaulted buffer");
+  }
+  std::printf("ceiling     %s  %s\n", Rate(bytes, ceiling_secs).c_str(), ceiling_desc.c_str());
+  std::printf("ratio       %.2f of the ceiling (best run %.2f)\n", ceiling_secs / median,
+              ceiling_secs / best);
+  if (options.keep && !options.generate.empty()) std::printf("kept        %s\n", path.c_str());
+  return kExitOk;
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,106 @@
+// Shared pieces of the `ferry` command: options of each subcommand, formatting, progress.
+#ifndef FERRY_SRC_CLI_CLI_HPP_
+#define FERRY_SRC_CLI_CLI_HPP_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::cli {
+
+// Exit codes: scripts tell a bad command line from a failed check or a broken file.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // an error, or a checksum that does not match
+inline constexpr int kExitUsage = 2;
+
+struct InspectOptions {
+  std::string file;
+  bool json = false;
+};
+
+struct VerifyOptions {
+  std::string file;
+  int threads = 0;
+  bool json = false;
+};
+
+struct ConvertOptions {
+  std::string in, out;
+  std::string encoding = "raw";
+  int level = 3;
+  std::string block_size = "4MiB";
+  int threads = 0;
+};
+
+struct BenchOptions {
+  std::string file;
+  std::string generate;  // a size: "1GiB"; empty: bench `file`
+  std::string dir;       // where --generate writes; empty: /dev/shm if usable, else $TMPDIR
+  bool keep = false;
+  int threads = 0;
+  int chunk_mib = 4;
+  int staging_mib = 64;
+  std::string path = "auto";
+  int repeat = 5;
+  int device = -1;
+  bool verify = false;
+  bool prealloc = false;
+};
+
+int RunInspect(const InspectOptions& options);
+int RunVerify(const VerifyOptions& options);
+int RunConvert(const ConvertOptions& options);
+int RunBench(const BenchOptions& options);
+
+// Prints "ferry: <code>: <message>" to stderr and returns kExitFailure.
+int Fail(const Status& status);
+
+// "1.50 GiB", "512 B".
+std::string HumanBytes(uint64_t bytes);
+// "[4096, 11008]"; "[]" for a scalar.
+std::string ShapeString(const std::vector<int64_t>& shape);
+// "12.34 GB/s" (decimal gigabytes, like every figure TensorFerry reports).
+std::string Rate(double bytes, double seconds);
+// Parses "1GiB", "512MiB", "4M" (binary), "2GB" (decimal) or a plain byte count.
+std::optional<uint64_t> ParseSize(const std::string& text);
+
+// Progress of one long job, in bytes, on stderr. On a terminal, a bar redrawn at most ten
+// times a second, shown only once the job has run for a second (quick jobs stay quiet) and
+// erased at the end; elsewhere (logs, pipes) a plain line every ten seconds. Add may be
+// called from any thread.
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void Add(uint64_t bytes);
+  // Erases the bar; idempotent. Call before printing the job's result.
+  void Finish();
+  double seconds() const;
+
+ private:
+  void Render(uint64_t done, std::chrono::steady_clock::time_point now);
+
+  std::string label_;
+  uint64_t total_;
+  bool tty_;
+  std::atomic<uint64_t> done_{0};
+  std::chrono::steady_clock::time_point start_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point last_;
+  bool shown_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace ferry::cli
+
+#endif  // FERRY_SRC_CLI_CLI_HPP_

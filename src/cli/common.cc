@@ -1,0 +1,137 @@
+// Formatting, size parsing and the progress display shared by the subcommands.
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "cli.hpp"
+
+namespace ferry::cli {
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "ferry: %s\n", status.ToString().c_str());
+  return kExitFailure;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string Rate(double bytes, double seconds) {
+  char buf[32];
+  if (seconds <= 0) return "-";
+  std::snprintf(buf, sizeof(buf), "%.2f GB/s", bytes / seconds / 1e9);
+  return buf;
+}
+
+std::optional<uint64_t> ParseSize(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == 0) return std::nullopt;
+  double value;
+  try {
+    value = std::stod(text.substr(0, i));
+  } catch (...) {
+    return std::nullopt;
+  }
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (!unit.empty() && unit != "B") {
+    static const std::string kPrefixes = "KMGTP";
+    size_t p = kPrefixes.find(unit[0]);
+    if (p == std::string::npos) return std::nullopt;
+    std::string rest = unit.substr(1);
+    // "GB" is decimal; "G", "GI", "GIB" binary (what people mean by 1G of tensors).
+    double base = rest == "B" ? 1000.0 : 1024.0;
+    if (!rest.empty() && rest != "B" && rest != "I" && rest != "IB") return std::nullopt;
+    scale = std::pow(base, static_cast<double>(p + 1));
+  }
+  double bytes = value * scale;
+  if (!(bytes >= 0) || bytes >= 1.8e19) return std::nullopt;
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+// ---- Progress -----------------------------------------------------------------------------
+
+Progress::Progress(std::string label, uint64_t total)
+    : label_(std::move(label)),
+      total_(total),
+      tty_(::isatty(STDERR_FILENO) == 1),
+      start_(std::chrono::steady_clock::now()),
+      last_(start_) {}
+
+Progress::~Progress() { Finish(); }
+
+double Progress::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Progress::Add(uint64_t bytes) {
+  uint64_t done = done_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  auto now = std::chrono::steady_clock::now();
+  if (now - start_ < std::chrono::seconds(1)) return;
+  // Whoever holds the lock draws; the others move on rather than queue behind the terminal.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || finished_) return;
+  auto gap = tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(10000);
+  if (shown_ && now - last_ < gap) return;
+  last_ = now;
+  Render(done, now);
+}
+
+void Progress::Render(uint64_t done, std::chrono::steady_clock::time_point now) {
+  double secs = std::chrono::duration<double>(now - start_).count();
+  double frac = total_ == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / total_);
+  if (tty_) {
+    constexpr int kWidth = 30;
+    int filled = static_cast<int>(frac * kWidth);
+    std::string bar(filled, '#');
+    bar.append(kWidth - filled, '.');
+    double rate = secs > 0 ? done / secs : 0;
+    double eta = rate > 0 ? (static_cast<double>(total_) - done) / rate : 0;
+    std::fprintf(stderr, "\r\033[K%s [%s] %3d%% %s / %s  %s  ETA %.0f s", label_.c_str(),
+                 bar.c_str(), static_cast<int>(frac * 100), HumanBytes(done).c_str(),
+                 HumanBytes(total_).c_str(), Rate(done, secs).c_str(), eta);
+  } else {
+    std::fprintf(stderr, "%s: %d%% (%s of %s, %.0f s)\n", label_.c_str(),
+                 static_cast<int>(frac * 100), HumanBytes(done).c_str(), HumanBytes(total_).c_str(),
+                 secs);
+  }
+  std::fflush(stderr);
+  shown_ = true;
+}
+
+void Progress::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_) return;
+  finished_ = true;
+  if (tty_ && shown_) {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,277 @@
+// `ferry convert`: safetensors (single or sharded) <-> TensorFerry, and re-encoding.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "cli.hpp"
+#include "reader_impl.hpp"
+#include "safetensors.hpp"
+#include "util.hpp"
+
+namespace ferry::cli {
+
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+struct Source {
+  std::shared_ptr<Reader> reader;
+  std::string path;
+};
+
+// One tensor to copy: source index and tensor index within it.
+struct Item {
+  size_t source;
+  size_t tensor;
+};
+
+// Opens IN: one file, or every shard of a sharded safetensors index, checked against the
+// index's weight_map in both directions so a stale or hand-edited index cannot silently drop
+// or duplicate tensors.
+Result<std::vector<Source>> OpenSources(const std::string& in) {
+  std::vector<Source> sources;
+  if (!EndsWith(in, ".json")) {
+    FERRY_ASSIGN_OR_RETURN(auto reader, Reader::Open(in));
+    sources.push_back(Source{std::move(reader), in});
+    return sources;
+  }
+  FERRY_ASSIGN_OR_RETURN(SafetensorsIndex index, ReadSafetensorsIndex(in));
+  if (index.shards.empty()) {
+    return Error(StatusCode::kInvalidArgument, in, ": the index's weight_map lists no tensors");
+  }
+  for (const std::string& shard : index.shards) {
+    auto reader = Reader::Open(shard);
+    if (!reader.ok()) {
+      return Status(reader.status().code(), StrCat(in, ": shard: ", reader.status().message()));
+    }
+    sources.push_back(Source{std::move(*reader), shard});
+  }
+  for (const auto& [name, k] : index.weight_map) {
+    if (!sources[k].reader->Find(name).ok()) {
+      return Error(StatusCode::kDataLoss, in, ": weight_map puts tensor ", Quote(name),
+                   " in shard ", sources[k].path, ", which does not hold it");
+    }
+  }
+  std::map<std::string_view, size_t> listed;
+  for (const auto& [name, k] : index.weight_map) listed.emplace(name, k);
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const Reader& r = *sources[k].reader;
+    for (size_t i = 0; i < r.num_tensors(); ++i) {
+      std::string name = r.tensor(i).name;
+      auto it = listed.find(name);
+      if (it == listed.end()) {
+        return Error(StatusCode::kDataLoss, in, ": shard ", sources[k].path, " holds tensor ",
+                     Quote(name), ", which the weight_map does not list");
+      }
+      if (it->second != k) {
+        return Error(StatusCode::kDataLoss, in, ": shard ", sources[k].path, " holds tensor ",
+                     Quote(name), ", which the weight_map puts in ", sources[it->second].path);
+      }
+    }
+  }
+  return sources;
+}
+
+// Every tensor of every source, each source in file order (sequential reads), names unique.
+Result<std::vector<Item>> CollectItems(const std::vector<Source>& sources) {
+  std::vector<Item> items;
+  std::map<std::string, size_t> seen;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const Reader& r = *sources[k].reader;
+    std::vector<Item> mine;
+    for (size_t i = 0; i < r.num_tensors(); ++i) {
+      std::string name = r.tensor(i).name;
+      auto [it, fresh] = seen.emplace(name, k);
+      if (!fresh) {
+        return Error(StatusCode::kInvalidArgument, "tensor ", Quote(name), " is in both ",
+                     sources[it->second].path, " and ", sources[k].path);
+      }
+      mine.push_back(Item{k, i});
+    }
+    std::stable_sort(mine.begin(), mine.end(), [&](const Item& a, const Item& b) {
+      return r.impl().at(a.tensor)->data_offset() < r.impl().at(b.tensor)->data_offset();
+    });
+    items.insert(items.end(), mine.begin(), mine.end());
+  }
+  return items;
+}
+
+// Metadata of every source; the first source wins a conflict (with a warning), which keeps
+// shards' repeated entries such as {"format": "pt"} as one.
+std::vector<std::pair<std::string, std::string>> MergeMetadata(const std::vector<Source>& sources) {
+  std::map<std::string, std::pair<std::string, size_t>> merged;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    for (auto& [key, value] : sources[k].reader->metadata()) {
+      auto [it, fresh] = merged.emplace(key, std::make_pair(value, k));
+      if (!fresh && it->second.first != value) {
+        std::fprintf(stderr,
+                     "ferry: warning: metadata %s differs between %s and %s; keeping "
+                     "the first\n",
+                     Quote(key).c_str(), sources[it->second.second].path.c_str(),
+                     sources[k].path.c_str());
+      }
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [k, v] : merged) out.emplace_back(k, v.first);
+  return out;
+}
+
+Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& items,
+               const std::string& out, const WriterOptions& wo, Progress* progress) {
+  FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(out, wo));
+  for (const Item& it : items) {
+    const Reader& r = *sources[it.source].reader;
+    const Reader::Impl& impl = r.impl();
+    TensorInfo info = r.tensor(it.tensor);
+    // Checksums of the source are checked on the way through (where it has them), so a
+    // corrupt input never becomes a new file with fresh, matching checksums.
+    FillFn fill = [&](uint64_t offset, void* dst, size_t size) -> Status {
+      FERRY_RETURN_IF_ERROR(
+          impl.ReadRange(it.tensor, offset, size, static_cast<uint8_t*>(dst), true));
+      progress->Add(size);
+      return Status::Ok();
+    };
+    FERRY_RETURN_IF_ERROR(
+        writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, wo.encoding));
+  }
+  for (const Source& s : sources) {
+    for (const QuantizedTensor& q : s.reader->quantized()) {
+      FERRY_RETURN_IF_ERROR(writer.AddQuantized(q));
+    }
+    for (const ScalingState& st : s.reader->scaling_states()) {
+      FERRY_RETURN_IF_ERROR(writer.AddScalingState(st));
+    }
+  }
+  for (const auto& [k, v] : MergeMetadata(sources)) {
+    FERRY_RETURN_IF_ERROR(writer.SetMetadata(k, v));
+  }
+  return writer.Commit();
+}
+
+Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>& items,
+                     const std::string& out, Progress* progress) {
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, Item> by_name;
+  for (const Item& it : items) {
+    TensorInfo info = sources[it.source].reader->tensor(it.tensor);
+    if (SafetensorsDTypeName(info.dtype) == nullptr) {
+      return Error(StatusCode::kUnimplemented, sources[it.source].path, ": tensor ",
+                   Quote(info.name), " is ", DTypeName(info.dtype),
+                   ", which safetensors cannot represent");
+    }
+    by_name.emplace(info.name, it);
+    entries.push_back(SafetensorsEntry{info.name, info.dtype, info.shape});
+  }
+  SortSafetensorsEntries(&entries);
+  size_t nquant = 0, nscaling = 0;
+  for (const Source& s : sources) {
+    nquant += s.reader->quantized().size();
+    nscaling += s.reader->scaling_states().size();
+  }
+  if (nquant + nscaling > 0) {
+    std::fprintf(stderr,
+                 "ferry: warning: safetensors has no place for %zu quantized-tensor "
+                 "descriptions and %zu FP8 scaling states; their component tensors are "
+                 "written, the descriptions are dropped\n",
+                 nquant, nscaling);
+  }
+  FERRY_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                         SafetensorsWriter::Create(out, entries, MergeMetadata(sources)));
+  constexpr uint64_t kPiece = uint64_t{16} << 20;
+  std::vector<uint8_t> buf;
+  for (const SafetensorsEntry& e : entries) {
+    const Item& it = by_name.at(e.name);
+    const Reader::Impl& impl = sources[it.source].reader->impl();
+    uint64_t nbytes = impl.at(it.tensor)->nbytes();
+    buf.resize(std::min(nbytes, kPiece));
+    for (uint64_t off = 0; off < nbytes; off += kPiece) {
+      uint64_t len = std::min(kPiece, nbytes - off);
+      FERRY_RETURN_IF_ERROR(impl.ReadRange(it.tensor, off, len, buf.data(), true));
+      FERRY_RETURN_IF_ERROR(writer.Write(buf.data(), len));
+      progress->Add(len);
+    }
+  }
+  return writer.Commit();
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+}  // namespace
+
+int RunConvert(const ConvertOptions& options) {
+  const bool to_safetensors = EndsWith(options.out, ".safetensors");
+  WriterOptions wo;
+  if (options.encoding == "raw") {
+    wo.encoding = Encoding::kRaw;
+  } else if (options.encoding == "zstd") {
+    wo.encoding = Encoding::kZstd;
+  } else if (options.encoding == "shuffle+zstd") {
+    wo.encoding = Encoding::kShuffleZstd;
+  } else {
+    std::fprintf(stderr, "ferry convert: unknown --encoding %s\n", options.encoding.c_str());
+    return kExitUsage;
+  }
+  if (to_safetensors && wo.encoding != Encoding::kRaw) {
+    std::fprintf(stderr,
+                 "ferry convert: %s: safetensors stores raw bytes only; --encoding %s needs a "
+                 "TensorFerry output\n",
+                 options.out.c_str(), options.encoding.c_str());
+    return kExitUsage;
+  }
+  auto block = ParseSize(options.block_size);
+  if (!block) {
+    std::fprintf(stderr, "ferry convert: --block-size %s is not a size\n",
+                 options.block_size.c_str());
+    return kExitUsage;
+  }
+  wo.block_size = *block;
+  wo.zstd_level = options.level;
+  wo.threads = options.threads;
+
+  auto sources = OpenSources(options.in);
+  if (!sources.ok()) return Fail(sources.status());
+  auto items = CollectItems(*sources);
+  if (!items.ok()) return Fail(items.status());
+  uint64_t raw_total = 0;
+  for (const Item& it : *items) {
+    raw_total += (*sources)[it.source].reader->impl().at(it.tensor)->nbytes();
+  }
+  bool from_safetensors = true;
+  for (const Source& s : *sources) from_safetensors &= s.reader->impl().safetensors;
+
+  Progress progress("converting", raw_total);
+  Status st = to_safetensors ? ToSafetensors(*sources, *items, options.out, &progress)
+                             : ToFerry(*sources, *items, options.out, wo, &progress);
+  progress.Finish();
+  if (!st.ok()) return Fail(st);
+  double secs = progress.seconds();
+  uint64_t out_size = FileSize(options.out);
+  std::string in_desc = StrCat(sources->size() > 1 ? StrCat(sources->size(), " shards, ") : "",
+                               from_safetensors ? "safetensors" : "TensorFerry");
+  std::string out_desc =
+      to_safetensors ? "safetensors"
+                     : StrCat("TensorFerry, ", EncodingName(wo.encoding),
+                              wo.encoding == Encoding::kRaw ? "" : StrCat(" level ", wo.zstd_level),
+                              ", ", HumanBytes(wo.block_size), " blocks");
+  std::printf("%s (%s) -> %s (%s)\n", options.in.c_str(), in_desc.c_str(), options.out.c_str(),
+              out_desc.c_str());
+  std::printf("%zu tensors, %s of tensor data, output file %s", items->size(),
+              HumanBytes(raw_total).c_str(), HumanBytes(out_size).c_str());
+  if (out_size > 0 && raw_total > out_size) {
+    std::printf(" (%.2fx smaller)", static_cast<double>(raw_total) / out_size);
+  }
+  std::printf(", %.2f s (%s)\n", secs, Rate(raw_total, secs).c_str());
+  return kExitOk;
+}
+
+}  // namespace ferry::cli

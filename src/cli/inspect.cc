@@ -1,0 +1,335 @@
+// `ferry inspect`: what a checkpoint holds, as a table or as JSON.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.hpp"
+#include "reader_impl.hpp"
+#include "util.hpp"
+
+namespace ferry::cli {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+const char* Fp8FormatName(Fp8Format f) {
+  switch (f) {
+    case Fp8Format::kE4M3:
+      return "E4M3";
+    case Fp8Format::kE5M2:
+      return "E5M2";
+    case Fp8Format::kHybrid:
+      return "HYBRID";
+  }
+  return "?";
+}
+
+const char* ScalingModeName(ScalingMode m) {
+  switch (m) {
+    case ScalingMode::kPerTensor:
+      return "per-tensor";
+    case ScalingMode::kMxfp8_1x32:
+      return "mxfp8-1x32";
+    case ScalingMode::kBlock_1x128:
+      return "block-1x128";
+    case ScalingMode::kBlock_128x128:
+      return "block-128x128";
+    case ScalingMode::kNvfp4_1x16:
+      return "nvfp4-1x16";
+  }
+  return "?";
+}
+
+const char* SlotRoleName(SlotRole r) {
+  switch (r) {
+    case SlotRole::kInput:
+      return "input";
+    case SlotRole::kWeight:
+      return "weight";
+    case SlotRole::kOutput:
+      return "output";
+    case SlotRole::kGradOutput:
+      return "grad_output";
+    case SlotRole::kGradInput:
+      return "grad_input";
+  }
+  return "?";
+}
+
+const char* DirectionName(Direction d) { return d == Direction::kForward ? "forward" : "backward"; }
+
+// The recipe as a JSON object: {"type": "DelayedScaling", field: value, ...}.
+Json RecipeJson(const Recipe& recipe) {
+  Json j = Json::object();
+  std::visit(
+      [&](const auto& r) {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          j["type"] = "none";
+        } else if constexpr (std::is_same_v<T, DelayedScaling>) {
+          j["type"] = "DelayedScaling";
+          j["margin"] = r.margin;
+          j["fp8_format"] = Fp8FormatName(r.fp8_format);
+          j["amax_history_len"] = r.amax_history_len;
+          j["amax_compute_algo"] =
+              r.amax_compute_algo == AmaxComputeAlgo::kMax ? "max" : "most_recent";
+          j["reduce_amax"] = r.reduce_amax;
+          j["fp8_dpa"] = r.fp8_dpa;
+          j["fp8_mha"] = r.fp8_mha;
+        } else if constexpr (std::is_same_v<T, Float8CurrentScaling>) {
+          j["type"] = "Float8CurrentScaling";
+          j["fp8_format"] = Fp8FormatName(r.fp8_format);
+          j["fp8_dpa"] = r.fp8_dpa;
+          j["fp8_mha"] = r.fp8_mha;
+        } else if constexpr (std::is_same_v<T, MXFP8BlockScaling>) {
+          j["type"] = "MXFP8BlockScaling";
+          j["fp8_format"] = Fp8FormatName(r.fp8_format);
+        } else if constexpr (std::is_same_v<T, Float8BlockScaling>) {
+          j["type"] = "Float8BlockScaling";
+          j["fp8_format"] = Fp8FormatName(r.fp8_format);
+          j["x_block_scaling_dim"] = r.x_block_scaling_dim;
+          j["w_block_scaling_dim"] = r.w_block_scaling_dim;
+          j["grad_block_scaling_dim"] = r.grad_block_scaling_dim;
+        } else if constexpr (std::is_same_v<T, NVFP4BlockScaling>) {
+          j["type"] = "NVFP4BlockScaling";
+          j["disable_rht"] = r.disable_rht;
+          j["disable_stochastic_rounding"] = r.disable_stochastic_rounding;
+          j["disable_2d_quantization"] = r.disable_2d_quantization;
+        } else if constexpr (std::is_same_v<T, CustomRecipe>) {
+          j["type"] = "CustomRecipe";
+          j["name"] = r.name;
+          j["qfactory"] = r.qfactory;
+        }
+      },
+      recipe);
+  return j;
+}
+
+// "DelayedScaling(margin=0, fp8_format=HYBRID, ...)" from the JSON form, so the two outputs
+// cannot disagree.
+std::string RecipeText(const Recipe& recipe) {
+  Json j = RecipeJson(recipe);
+  std::string out = j["type"].get<std::string>();
+  if (j.size() == 1) return out;
+  out += "(";
+  bool first = true;
+  for (const auto& [k, v] : j.items()) {
+    if (k == "type") continue;
+    if (!first) out += ", ";
+    first = false;
+    out += k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  return out + ")";
+}
+
+std::string Floats(const float* v, size_t n, size_t limit = 8) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < n && i < limit; ++i) out << (i ? ", " : "") << v[i];
+  if (n > limit) out << ", ... (" << n << ")";
+  out << "]";
+  return out.str();
+}
+
+Json ComponentJson(const std::optional<QuantizedComponent>& c) {
+  if (!c) return nullptr;
+  Json j = Json::object();
+  j["data"] = c->data;
+  j["scale_inv"] = c->scale_inv.empty() ? Json(nullptr) : Json(c->scale_inv);
+  j["scale_layout"] = c->scale_layout == ScaleLayout::kRowMajor ? "row-major" : "swizzled";
+  j["amax"] = c->amax.empty() ? Json(nullptr) : Json(c->amax);
+  return j;
+}
+
+std::string ComponentText(const QuantizedComponent& c) {
+  std::string out = "data " + c.data;
+  if (!c.scale_inv.empty()) {
+    out += ", scale_inv " + c.scale_inv + " (" +
+           (c.scale_layout == ScaleLayout::kRowMajor ? "row-major" : "swizzled") + ")";
+  }
+  if (!c.amax.empty()) out += ", amax " + c.amax;
+  return out;
+}
+
+}  // namespace
+
+int RunInspect(const InspectOptions& options) {
+  auto opened = Reader::Open(options.file);
+  if (!opened.ok()) return Fail(opened.status());
+  const Reader& reader = **opened;
+  const Reader::Impl& impl = reader.impl();
+
+  uint64_t raw_total = 0, stored_total = 0;
+  std::vector<TensorInfo> tensors;
+  tensors.reserve(reader.num_tensors());
+  for (size_t i = 0; i < reader.num_tensors(); ++i) {
+    tensors.push_back(reader.tensor(i));
+    raw_total += tensors.back().nbytes;
+    stored_total += tensors.back().data_size;
+  }
+  std::vector<QuantizedTensor> quantized = reader.quantized();
+  std::vector<ScalingState> scaling = reader.scaling_states();
+  auto metadata = reader.metadata();
+  const char* format = impl.safetensors ? "safetensors" : "tensorferry";
+
+  if (options.json) {
+    Json j = Json::object();
+    j["path"] = reader.path();
+    j["format"] = format;
+    if (!impl.safetensors) j["format_version"] = reader.format_version();
+    j["producer"] = reader.producer();
+    j["file_size"] = reader.file_size();
+    j["checksums"] = impl.has_checksums ? Json("xxh3-64") : Json(nullptr);
+    j["raw_bytes"] = raw_total;
+    j["stored_bytes"] = stored_total;
+    Json jt = Json::array();
+    for (const TensorInfo& t : tensors) {
+      Json e = Json::object();
+      e["name"] = t.name;
+      e["dtype"] = DTypeName(t.dtype);
+      e["shape"] = t.shape;
+      e["encoding"] = EncodingName(t.encoding);
+      e["stored_bytes"] = t.data_size;
+      e["raw_bytes"] = t.nbytes;
+      e["data_offset"] = t.data_offset;
+      if (impl.has_checksums) e["block_size"] = t.block_size;
+      jt.push_back(std::move(e));
+    }
+    j["tensors"] = std::move(jt);
+    Json jq = Json::array();
+    for (const QuantizedTensor& q : quantized) {
+      Json e = Json::object();
+      e["name"] = q.name;
+      e["quantized_dtype"] = DTypeName(q.quantized_dtype);
+      e["logical_dtype"] = DTypeName(q.logical_dtype);
+      e["shape"] = q.shape;
+      e["scaling_mode"] = ScalingModeName(q.scaling_mode);
+      e["rowwise"] = ComponentJson(q.rowwise);
+      e["columnwise"] = ComponentJson(q.columnwise);
+      jq.push_back(std::move(e));
+    }
+    j["quantized"] = std::move(jq);
+    Json js = Json::array();
+    for (const ScalingState& s : scaling) {
+      Json e = Json::object();
+      e["module"] = s.module;
+      e["recipe"] = RecipeJson(s.recipe);
+      Json states = Json::array();
+      for (const DirectionState& d : s.states) {
+        Json ds = Json::object();
+        ds["direction"] = DirectionName(d.direction);
+        ds["num_gemms"] = d.num_gemms;
+        Json roles = Json::array();
+        for (SlotRole r : d.slot_roles) roles.push_back(SlotRoleName(r));
+        ds["slot_roles"] = std::move(roles);
+        ds["scale"] = d.scale;
+        ds["history_len"] = d.history_len;
+        ds["amax_history"] = d.amax_history;
+        states.push_back(std::move(ds));
+      }
+      e["states"] = std::move(states);
+      js.push_back(std::move(e));
+    }
+    j["scaling"] = std::move(js);
+    Json jm = Json::object();
+    for (const auto& [k, v] : metadata) jm[k] = v;
+    j["metadata"] = std::move(jm);
+    // Names and metadata may hold bytes that are not UTF-8; replace rather than fail.
+    std::string text = j.dump(2, ' ', false, Json::error_handler_t::replace);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fputc('\n', stdout);
+    return kExitOk;
+  }
+
+  std::printf("file       %s\n", reader.path().c_str());
+  if (impl.safetensors) {
+    std::printf("format     safetensors\n");
+  } else {
+    std::printf("format     TensorFerry v%u (producer \"%s\")\n", reader.format_version(),
+                reader.producer().c_str());
+  }
+  std::printf("size       %s (%llu bytes)\n", HumanBytes(reader.file_size()).c_str(),
+              static_cast<unsigned long long>(reader.file_size()));
+  if (impl.has_checksums) {
+    std::printf("checksums  XXH3-64 per block\n");
+  } else {
+    std::printf("checksums  none (safetensors files carry no checksums)\n");
+  }
+  std::printf("tensors    %zu, raw %s, stored %s", tensors.size(), HumanBytes(raw_total).c_str(),
+              HumanBytes(stored_total).c_str());
+  if (stored_total != raw_total && stored_total > 0) {
+    std::printf(" (%.2fx smaller)", static_cast<double>(raw_total) / stored_total);
+  }
+  std::printf("\n");
+
+  if (!tensors.empty()) {
+    size_t wname = 4, wdtype = 5, wshape = 5, wenc = 8;
+    std::vector<std::string> shapes;
+    shapes.reserve(tensors.size());
+    for (const TensorInfo& t : tensors) {
+      shapes.push_back(ShapeString(t.shape));
+      wname = std::max(wname, t.name.size());
+      wdtype = std::max(wdtype, std::string(DTypeName(t.dtype)).size());
+      wshape = std::max(wshape, shapes.back().size());
+      wenc = std::max(wenc, std::string(EncodingName(t.encoding)).size());
+    }
+    std::printf("\n%-*s  %-*s  %-*s  %-*s  %12s  %12s\n", static_cast<int>(wname), "NAME",
+                static_cast<int>(wdtype), "DTYPE", static_cast<int>(wshape), "SHAPE",
+                static_cast<int>(wenc), "ENCODING", "STORED", "RAW");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorInfo& t = tensors[i];
+      std::printf("%-*s  %-*s  %-*s  %-*s  %12s  %12s\n", static_cast<int>(wname),
+                  Quote(t.name).substr(1, Quote(t.name).size() - 2).c_str(),
+                  static_cast<int>(wdtype), DTypeName(t.dtype), static_cast<int>(wshape),
+                  shapes[i].c_str(), static_cast<int>(wenc), EncodingName(t.encoding),
+                  HumanBytes(t.data_size).c_str(), HumanBytes(t.nbytes).c_str());
+    }
+  }
+
+  if (!quantized.empty()) {
+    std::printf("\nquantized tensors (%zu)\n", quantized.size());
+    for (const QuantizedTensor& q : quantized) {
+      std::printf("  %s: %s -> %s %s, %s\n", q.name.c_str(), DTypeName(q.quantized_dtype),
+                  DTypeName(q.logical_dtype), ShapeString(q.shape).c_str(),
+                  ScalingModeName(q.scaling_mode));
+      if (q.rowwise) std::printf("    rowwise: %s\n", ComponentText(*q.rowwise).c_str());
+      if (q.columnwise) std::printf("    columnwise: %s\n", ComponentText(*q.columnwise).c_str());
+    }
+  }
+
+  if (!scaling.empty()) {
+    std::printf("\nscaling state (%zu modules)\n", scaling.size());
+    for (const ScalingState& s : scaling) {
+      std::printf("  %s: %s\n", s.module.c_str(), RecipeText(s.recipe).c_str());
+      if (s.states.empty()) std::printf("    (stateless)\n");
+      for (const DirectionState& d : s.states) {
+        std::string roles;
+        for (size_t k = 0; k < d.slot_roles.size(); ++k) {
+          roles += (k ? ", " : "") + std::string(SlotRoleName(d.slot_roles[k]));
+        }
+        size_t slots = d.slot_roles.size();
+        std::printf("    %s: num_gemms %d, slots [%s], scale %s, amax_history %d x %zu",
+                    DirectionName(d.direction), d.num_gemms, roles.c_str(),
+                    Floats(d.scale.data(), d.scale.size()).c_str(), d.history_len, slots);
+        if (d.history_len > 0 && d.amax_history.size() >= slots) {
+          std::printf(", current amax %s", Floats(d.amax_history.data(), slots).c_str());
+        }
+        std::printf("\n");
+      }
+    }
+  }
+
+  if (!metadata.empty()) {
+    std::printf("\nmetadata (%zu)\n", metadata.size());
+    for (const auto& [k, v] : metadata) {
+      std::string value =
+          v.size() > 200 ? v.substr(0, 200) + "... (" + std::to_string(v.size()) + " bytes)" : v;
+      std::printf("  %s = %s\n", k.c_str(), value.c_str());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace ferry::cli
