@@ -31,6 +31,9 @@ namespace {
 constexpr uint64_t kDeviceAlign = 256;
 // Tensors below this size share one default allocation so their copies coalesce.
 constexpr uint64_t kArenaTensorLimit = uint64_t{1} << 20;
+// Copy-bound loads (raw tensors) run on at most this many workers; see LoaderOptions::threads.
+constexpr int kCopyWorkers = 8;
+
 
 struct Resolved {
   size_t tensor = 0;
@@ -43,6 +46,16 @@ struct Resolved {
   // pieces of one allocation (adjacent cudaMalloc blocks are not one copyable range).
   uint64_t alloc_id = 0;
 };
+
+// Workers for a load: all of them when most bytes need decoding, else kCopyWorkers.
+int ActiveWorkers(const std::vector<Resolved>& res, int pool_size) {
+  uint64_t total = 0, encoded = 0;
+  for (const Resolved& r : res) {
+    total += r.len;
+    if (r.info.encoding != Encoding::kRaw) encoded += r.len;
+  }
+  return encoded * 2 > total ? pool_size : std::min(pool_size, kCopyWorkers);
+}
 
 struct Piece {
   uint32_t r;      // index into the resolved list
@@ -77,7 +90,7 @@ constexpr uint64_t kPage = 4096;
 
 int DefaultThreads() {
   unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 8));
+  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
 }
 
 // Resolves requests (all tensors when empty) against the reader, sorted by file offset so
@@ -436,6 +449,7 @@ struct Slot {
 class Loader::Impl {
  public:
   LoaderOptions options;
+  bool explicit_threads = false;  // the caller chose the thread count: use all of them
   std::mutex call_mu;
   std::unique_ptr<WorkerPool> pool;
   LoadStats stats;
@@ -648,7 +662,9 @@ class Loader::Impl {
     for (uint64_t i = 0; i < nslots; ++i) slots[i].turn = i;
     const bool verify = options.verify;
 
+    const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
     pool->Run([&](int worker) {
+      if (worker >= active) return;
       // The worker's first CUDA call must find the caller's context, or the runtime would
       // create one on device 0.
       if (Driver().ok && ctx != nullptr) {
@@ -925,7 +941,9 @@ class Loader::Impl {
     const int fd = direct_file.fd();
     ErrorSlot error;
     std::atomic<uint64_t> next{0};
-    pool->Run([&](int) {
+    const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
+    pool->Run([&](int worker) {
+      if (worker >= active) return;
       for (;;) {
         uint64_t k = next.fetch_add(1);
         if (k >= pieces.size() || error.failed()) return;
@@ -982,8 +1000,10 @@ Result<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
     return Error(StatusCode::kInvalidArgument, "LoaderOptions.threads ", options.threads,
                  " outside [0, 256]");
   }
+  const bool explicit_threads = options.threads != 0;
   if (options.threads == 0) options.threads = DefaultThreads();
   auto impl = std::make_unique<Impl>();
+  impl->explicit_threads = explicit_threads;
   impl->options = options;
   impl->pool = std::make_unique<WorkerPool>(options.threads);
   return std::unique_ptr<Loader>(new Loader(std::move(impl)));

@@ -75,7 +75,9 @@ struct LoaderOptions {
   // Bytes per staging slot and per DMA; small tensors are packed into one slot when their
   // destinations are contiguous.
   uint64_t chunk_bytes = uint64_t{4} << 20;
-  // CPU worker threads (copy, decode, verify). 0: min(8, hardware threads).
+  // CPU worker threads (copy, decode, verify). 0: min(16, hardware threads). Loads of raw
+  // tensors use at most 8 of them (more measured slower on an H200 host: the copy is memory
+  // bound); loads that are mostly compressed use all of them (decode bound).
   int threads = 0;
   HostPath host_path = HostPath::kAuto;
   IoMode io = IoMode::kAuto;
@@ -83,8 +85,9 @@ struct LoaderOptions {
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
   // Check block checksums while loading.
   bool verify = false;
-  // Fill staging slots with non-temporal stores (see benchmarks/README.md for the effect).
-  bool streaming_stores = true;
+  // Fill staging slots with non-temporal stores. Off by default: measured slower on an H200
+  // host (40 vs 52 GB/s at 8 threads, benchmarks/README.md).
+  bool streaming_stores = false;
 };
 
 // One tensor (or a row range of one) to load. With `dst` null the loader allocates;
