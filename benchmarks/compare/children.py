@@ -92,6 +92,8 @@ def probe(spec):
         out["torch_cuda"] = torch.version.cuda
     except Exception as e:
         out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+    if out["cuda"]:
+        out["cudart"] = _find_cudart()
     for module in PEERS:
         try:
             __import__(module)
@@ -114,6 +116,27 @@ def probe(spec):
     except Exception as e:
         out["tensorferry_error"] = "%s: %s" % (type(e).__name__, e)
     return out
+
+
+def _find_cudart():
+    """fastsafetensors dlopens "libcudart.so" (no version). torch's wheels ship only
+    libcudart.so.<major>: returns "" when the plain name loads, else a file it can link to."""
+    import ctypes
+    import glob
+
+    try:
+        ctypes.CDLL("libcudart.so")
+        return ""
+    except OSError:
+        pass
+    import torch
+
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    cands = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so.*")) +
+                   glob.glob(os.path.join(site, "nvidia", "cuda_runtime", "lib",
+                                          "libcudart.so.*")) +
+                   glob.glob("/usr/local/cuda/lib64/libcudart.so.*"))
+    return cands[0] if cands else "none"
 
 
 # ---- generation -----------------------------------------------------------------------------

@@ -85,6 +85,8 @@ GPU_ENTRIES = [
 HOST_ENTRIES = [
     Entry("tensorferry-c-host", "ferry-raw", "c", gpu=False, note="C API, load to host"),
     Entry("tensorferry-c-host-zstd", "ferry-zstd", "c", gpu=False, note="C API, load to host"),
+    Entry("ferry-bench-cli-host", "ferry-raw", "cli", gpu=False,
+          note="`ferry bench FILE` as it prints"),
     Entry("tensorferry-py-host", "ferry-raw", "host", gpu=False,
           note="tensorferry.load_file() (numpy)"),
     Entry("tensorferry-py-host-zstd", "ferry-zstd", "host", loader="tensorferry-py-host",
@@ -235,7 +237,7 @@ class Sampler(threading.Thread):
     maps cudaHostAlloc'd pinned memory; cudaHostRegister'd memory does not show there),
     VmPin, VmLck and VmRSS."""
 
-    def __init__(self, pid, interval=0.01):
+    def __init__(self, pid, interval=0.02):
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.stop_event = threading.Event()
@@ -468,26 +470,52 @@ def run_cli_child(cmd, env, mode, timeout, log_path):
     if p.returncode != 0:
         out.update(status="error", note="exit %d" % p.returncode, log_tail=_tail(log_path))
         return out
-    gbps = parse_cli_rate(text)
-    if gbps is None:
+    parsed = parse_cli(text, mode)
+    if not parsed.get("gbps"):
         out.update(status="error", note="no load rate found in `ferry bench` output")
         return out
-    out.update(status="ok", gbps_reported=gbps, note="rate as printed by ferry bench")
+    notes = ["ferry bench: %s" % ("its first load" if mode == "cold" else "best of its runs"),
+             "RSS includes its own ceiling pass"]
+    if parsed.get("path"):
+        notes.append(parsed["path"])
+    if parsed.get("ceiling_gbps"):
+        notes.append("its ceiling %.2f GB/s" % parsed["ceiling_gbps"])
+    out.update(status="ok", gbps_reported=parsed["gbps"], note="; ".join(notes),
+               cli_pinned_mib=parsed.get("pinned_mib"))
     return out
 
 
 _RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*GB/s")
 
 
-def parse_cli_rate(text):
-    """The load rate in `ferry bench` output: the first GB/s figure on a line that is not a
-    ceiling (pinned copy, memcpy, read) line."""
-    skip = re.compile(r"ceiling|pinned|memcpy|limit|read|disk|h2d|host.to.device", re.I)
+def parse_cli(text, mode):
+    """Figures from `ferry bench` output (src/cli/bench.cc). Cold: its first load, the line
+    "warm-up  S s  R GB/s" (the page cache was dropped just before). Hot: "best R GB/s" of
+    the "load median ..., best ..." line. Also the pinned bytes and host path it reports, and
+    its own ceiling."""
+    out = {}
     for line in text.splitlines():
+        key = line.split(" ", 1)[0]
         m = _RATE.search(line)
-        if m and not skip.search(line):
-            return float(m.group(1))
-    return None
+        if key == "warm-up" and m:
+            out["first_load_gbps"] = float(m.group(1))
+        elif key == "load":
+            b = re.search(r"best\s+([0-9.]+)\s*GB/s", line)
+            if b:
+                out["best_gbps"] = float(b.group(1))
+            p = re.search(r"([0-9.]+)\s*(B|KiB|MiB|GiB)\s+pinned", line)
+            if p:
+                scale = {"B": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[p.group(2)]
+                out["pinned_mib"] = float(p.group(1)) * scale
+            for path in ("registered page cache", "staging ring"):
+                if path in line:
+                    out["path"] = path
+        elif key == "ceiling" and m:
+            out["ceiling_gbps"] = float(m.group(1))
+        elif key == "target":
+            out["target"] = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+    out["gbps"] = out.get("first_load_gbps") if mode == "cold" else out.get("best_gbps")
+    return out
 
 
 def cli_supports_bench(ferry):
@@ -499,18 +527,31 @@ def cli_supports_bench(ferry):
     return True, ""
 
 
-def build_ferry_load(build_dir, dest):
-    """Compiles ferry_load.c against the build's libferry.so (the C API's consumer view)."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        return None, "no C compiler"
+def _compile_ferry_load(cc, build_dir, dest, rpath):
     src = os.path.join(HERE, "ferry_load.c")
     cmd = [cc, "-O2", "-std=c99", "-o", dest, src, "-I", os.path.join(ROOT, "include"),
            "-I", os.path.join(build_dir, "include"), "-L", os.path.join(build_dir, "src"),
-           "-lferry", "-Wl,-rpath," + os.path.join(build_dir, "src"), "-ldl"]
-    rc, out = run_text(cmd, timeout=120)
+           "-lferry", "-Wl,-rpath," + rpath, "-ldl"]
+    return run_text(cmd, timeout=120)
+
+
+def build_ferry_load(build_dir, dest):
+    """Compiles ferry_load.c against the build's libferry.so (the C API's consumer view).
+    Also leaves a copy in <build>/compare/ (found through $ORIGIN) for machines without a C
+    compiler, and uses that copy where this machine has none."""
+    prebuilt = os.path.join(build_dir, "compare", "ferry_load")
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        if os.access(prebuilt, os.X_OK):
+            return prebuilt, ""
+        return None, "no C compiler and no %s" % prebuilt
+    rc, out = _compile_ferry_load(cc, build_dir, dest, os.path.join(build_dir, "src"))
     if rc != 0:
+        if os.access(prebuilt, os.X_OK):
+            return prebuilt, ""
         return None, "ferry_load.c did not build: " + out[-500:]
+    os.makedirs(os.path.dirname(prebuilt), exist_ok=True)
+    _compile_ferry_load(cc, build_dir, prebuilt, "$ORIGIN/../src")
     return dest, ""
 
 
@@ -634,7 +675,8 @@ def main(argv=None):
     log("data dir %s (%s), checkpoint %.2f GB of tensors, %d bf16 + %d FP8 layers" % (
         data_dir, machine["data_fs"], total / 1e9, config["bf16_layers"], config["fp8_layers"]))
 
-    manifest = load_manifest(data_dir, args, "torch" if gpu else "numpy", formats)
+    manifest = load_manifest(data_dir, args, "torch" if gpu else "numpy", formats,
+                             args.regenerate)
     if manifest is None:
         log("generating and writing %s" % ", ".join(formats))
         gen = child_simple({"role": "generate", "data_dir": data_dir, "seed": args.seed,
@@ -643,6 +685,8 @@ def main(argv=None):
         if "error" in gen:
             raise SystemExit("generation failed: %s" % gen)
         manifest = load_manifest(data_dir, args, "torch" if gpu else "numpy", formats)
+        if manifest is None:
+            raise SystemExit("generation wrote no usable manifest in %s" % data_dir)
         for fmt, f in manifest["files"].items():
             log("  %-12s %6.2f GB file, written in %.1f s" % (fmt, f["file_bytes"] / 1e9,
                                                               f["write_s"]))
@@ -725,6 +769,7 @@ def main(argv=None):
             "ferry_load": ferry_load_why or "ok", "cold": cold_why or "ok",
             "nvml": (nvml.error if nvml is not None and not nvml.ok else
                      "ok" if nvml is not None else "no GPU"),
+            "probe": probe, "formats": formats, "hot_warmup": args.hot_warmup,
             "failures": failures, "wall_s": round(time.monotonic() - t_start, 1)}
     report.write_all(args.out, runs, summary, meta)
     log("wrote %s (results.csv, runs.csv, meta.json, compare.png) in %.0f s" % (
@@ -733,10 +778,10 @@ def main(argv=None):
     return 0
 
 
-def load_manifest(data_dir, args, backend, formats):
+def load_manifest(data_dir, args, backend, formats, regenerate=False):
     path = os.path.join(data_dir, "manifest.json")
-    if args.regenerate or not os.path.exists(path):
-        if args.regenerate and os.path.exists(path):
+    if regenerate or not os.path.exists(path):
+        if regenerate and os.path.exists(path):
             os.remove(path)
         return None
     with open(path) as f:
@@ -792,6 +837,15 @@ def run_entry(e, mode, fileinfo, manifest, env, device, ferry_load, ferry_cli, s
     os.makedirs(logs, exist_ok=True)
     log_path = os.path.join(logs, "%s-%s.log" % (mode, e.name.replace(":", "_")))
     child_env = dict(env, **e.env)
+    if e.needs == "fastsafetensors" and probe.get("cudart") not in (None, "", "none"):
+        # fastsafetensors dlopens the unversioned libcudart.so; point it at torch's.
+        shim = os.path.join(data_dir, "cudart-shim")
+        os.makedirs(shim, exist_ok=True)
+        link = os.path.join(shim, "libcudart.so")
+        if not os.path.lexists(link):
+            os.symlink(probe["cudart"], link)
+        child_env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [shim] + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
     py = [sys.executable, os.path.join(HERE, "children.py")]
     spec = {"path": fileinfo["path"], "format": e.fmt, "manifest":
             os.path.join(data_dir, "manifest.json"), "device": device if e.gpu else None,
@@ -851,6 +905,8 @@ def summarize(e, res, row, manifest, device, probe):
               "vmlck_peak_mib", "max_reserved_mib", "wall_s"):
         if res.get(k) is not None:
             out[k] = res[k]
+    if e.kind == "cli" and res.get("cli_pinned_mib") is not None:
+        out["pinned_configured_mib"] = res["cli_pinned_mib"]
     if e.kind == "c" and e.gpu and res.get("staging_bytes"):
         out["pinned_configured_mib"] = res["staging_bytes"] / 2**20
     if e.kind == "file-read" and out["status"] == "ok":
