@@ -201,7 +201,7 @@ class HeaderParser {
       return FailTensor(
           name, StrCat(where, " (file offsets ", FileOffset(e.begin), " to ", FileOffset(e.end),
                        ") run past the end of the ", data_size_,
-                       "-byte data section at file offset ", data_start_ + data_size_));
+                       "-byte data section, which ends at file offset ", data_start_ + data_size_));
     }
     auto expect = StorageBytes(e.dtype, numel);
     if (!expect) return FailTensor(name, "byte size overflows 64 bits");

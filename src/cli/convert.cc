@@ -215,7 +215,7 @@ int RunConvert(const ConvertOptions& options) {
     wo.encoding = Encoding::kRaw;
   } else if (options.encoding == "zstd") {
     wo.encoding = Encoding::kZstd;
-  } else if (options.encoding == "shuffle+zstd") {
+  } else if (options.encoding == "shuffle+zstd" || options.encoding == "shuffle_zstd") {
     wo.encoding = Encoding::kShuffleZstd;
   } else {
     std::fprintf(stderr, "ferry convert: unknown --encoding %s\n", options.encoding.c_str());

@@ -153,6 +153,19 @@ std::string ComponentText(const QuantizedComponent& c) {
   return out;
 }
 
+// Terminal columns of UTF-8 text, counted as code points (close enough for names).
+size_t Columns(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// `s` padded with spaces to `width` columns.
+std::string Pad(const std::string& s, size_t width) {
+  size_t cols = Columns(s);
+  return cols >= width ? s : s + std::string(width - cols, ' ');
+}
+
 }  // namespace
 
 int RunInspect(const InspectOptions& options) {
@@ -266,25 +279,28 @@ int RunInspect(const InspectOptions& options) {
 
   if (!tensors.empty()) {
     size_t wname = 4, wdtype = 5, wshape = 5, wenc = 8;
-    std::vector<std::string> shapes;
+    std::vector<std::string> names, shapes;
+    names.reserve(tensors.size());
     shapes.reserve(tensors.size());
     for (const TensorInfo& t : tensors) {
+      // Control bytes in a hostile name must not reach the terminal.
+      std::string quoted = Quote(t.name);
+      names.push_back(quoted.substr(1, quoted.size() - 2));
       shapes.push_back(ShapeString(t.shape));
-      wname = std::max(wname, t.name.size());
+      wname = std::max(wname, Columns(names.back()));
       wdtype = std::max(wdtype, std::string(DTypeName(t.dtype)).size());
       wshape = std::max(wshape, shapes.back().size());
       wenc = std::max(wenc, std::string(EncodingName(t.encoding)).size());
     }
-    std::printf("\n%-*s  %-*s  %-*s  %-*s  %12s  %12s\n", static_cast<int>(wname), "NAME",
-                static_cast<int>(wdtype), "DTYPE", static_cast<int>(wshape), "SHAPE",
-                static_cast<int>(wenc), "ENCODING", "STORED", "RAW");
+    std::printf("\n%s  %s  %s  %s  %12s  %12s\n", Pad("NAME", wname).c_str(),
+                Pad("DTYPE", wdtype).c_str(), Pad("SHAPE", wshape).c_str(),
+                Pad("ENCODING", wenc).c_str(), "STORED", "RAW");
     for (size_t i = 0; i < tensors.size(); ++i) {
       const TensorInfo& t = tensors[i];
-      std::printf("%-*s  %-*s  %-*s  %-*s  %12s  %12s\n", static_cast<int>(wname),
-                  Quote(t.name).substr(1, Quote(t.name).size() - 2).c_str(),
-                  static_cast<int>(wdtype), DTypeName(t.dtype), static_cast<int>(wshape),
-                  shapes[i].c_str(), static_cast<int>(wenc), EncodingName(t.encoding),
-                  HumanBytes(t.data_size).c_str(), HumanBytes(t.nbytes).c_str());
+      std::printf("%s  %s  %s  %s  %12s  %12s\n", Pad(names[i], wname).c_str(),
+                  Pad(DTypeName(t.dtype), wdtype).c_str(), Pad(shapes[i], wshape).c_str(),
+                  Pad(EncodingName(t.encoding), wenc).c_str(), HumanBytes(t.data_size).c_str(),
+                  HumanBytes(t.nbytes).c_str());
     }
   }
 

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   convert_cmd->add_option("OUT", convert.out, "output file (replaced atomically)")->required();
   convert_cmd->add_option("--encoding", convert.encoding, "TensorFerry output encoding")
       ->capture_default_str()
-      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd"}));
+      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "shuffle_zstd"}));
   convert_cmd->add_option("--level", convert.level, "zstd level")
       ->capture_default_str()
       ->check(CLI::Range(-7, 22));

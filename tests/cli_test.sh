@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# The `ferry` command on real files: exit codes, output, and conversions that keep every tensor
+# byte. Needs only bash and coreutils.
+#   tests/cli_test.sh FERRY_BINARY FIXTURE_DIR     (FIXTURE_DIR: tests/data/safetensors)
+set -uo pipefail
+FERRY=$1
+DATA=$2
+GOLDEN="$DATA/../golden_v1.ferry"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ferry_cli_test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+OUT="$WORK/out.txt"
+checks=0
+failed=0
+current=""
+current_failed=0
+
+# Marks the current check failed (counted once however many expectations it misses).
+fail() {
+  echo "FAIL [$current]: $*"
+  echo "---- output ----"
+  cat "$OUT"
+  echo "----------------"
+  if [ "$current_failed" -eq 0 ]; then failed=$((failed + 1)); fi
+  current_failed=1
+}
+# check NAME: starts a check that is not a command run.
+check() {
+  current=$1
+  current_failed=0
+  checks=$((checks + 1))
+  : >"$OUT"
+}
+
+# run NAME EXPECTED_RC CMD...: runs CMD with stdout and stderr in $OUT.
+run() {
+  check "$1"
+  local want=$2
+  shift 2
+  "$@" >"$OUT" 2>&1
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    fail "exit code $rc, expected $want: $*"
+    return 1
+  fi
+}
+has() {
+  grep -qF -- "$1" "$OUT" || fail "output lacks: $1"
+}
+hasnt() {
+  if grep -qF -- "$1" "$OUT"; then fail "output has: $1"; fi
+}
+# The data section of a safetensors file (everything after the header).
+data_section() {
+  local n
+  n=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+  tail -c +$((9 + n)) "$1"
+}
+same() {
+  cmp -s "$1" "$2" || fail "$1 and $2 differ"
+}
+
+ST="$DATA/all_dtypes.safetensors"
+INDEX="$DATA/sharded/model.safetensors.index.json"
+
+# ---- usage ---------------------------------------------------------------------------------
+run version 0 "$FERRY" --version && has "ferry 0."
+run help 0 "$FERRY" --help && has "inspect" && has "convert"
+run no-subcommand 2 "$FERRY"
+run unknown-subcommand 2 "$FERRY" frobnicate
+run convert-missing-out 2 "$FERRY" convert "$ST"
+run bench-needs-input 2 "$FERRY" bench && has "give a FILE or --generate SIZE"
+run bench-bad-size 2 "$FERRY" bench --generate lots && has "--generate lots"
+run bad-encoding 2 "$FERRY" convert "$ST" "$WORK/x.ferry" --encoding lz4
+run encoded-safetensors 2 "$FERRY" convert "$ST" "$WORK/x.safetensors" --encoding zstd &&
+  has "safetensors stores raw bytes only"
+run missing-file 1 "$FERRY" inspect "$WORK/nope.ferry" && has "NotFound" && has "nope.ferry"
+
+# ---- inspect and verify a file of the reference safetensors library --------------------------
+run inspect-safetensors 0 "$FERRY" inspect "$ST" &&
+  has "format     safetensors" && has "checksums  none" && has "tensors    22" &&
+  has "model.bf16" && has "[16, 8]" && has "F8_E4M3FN" && has "F4_E2M1FN" && has "[2, 6]" &&
+  has "producer = make_fixtures.py"
+# Not a terminal: no progress bar, no escape sequences.
+hasnt $'\033['
+run inspect-json 0 "$FERRY" inspect --json "$ST" &&
+  has '"format": "safetensors"' && has '"checksums": null' && has '"name": "f4.packed"' &&
+  has '"dtype": "F8_E5M2FNUZ"' && has '"raw_bytes": 256'
+run verify-safetensors 0 "$FERRY" verify "$ST" && has "checksums: unavailable"
+
+# ---- safetensors -> ferry -> safetensors keeps every byte -------------------------------------
+run to-ferry-zstd 0 "$FERRY" convert "$ST" "$WORK/z.ferry" --encoding shuffle+zstd --level 5 \
+  --block-size 4KiB && has "22 tensors" && has "shuffle+zstd level 5"
+run verify-ferry 0 "$FERRY" verify "$WORK/z.ferry" && has "OK" && has "22 tensors"
+run inspect-ferry 0 "$FERRY" inspect "$WORK/z.ferry" && has "TensorFerry v1" &&
+  has "XXH3-64" && has "shuffle+zstd"
+run back-to-safetensors 0 "$FERRY" convert "$WORK/z.ferry" "$WORK/back.safetensors"
+data_section "$ST" >"$WORK/a.bin"
+data_section "$WORK/back.safetensors" >"$WORK/b.bin"
+check safetensors-round-trip-data
+same "$WORK/a.bin" "$WORK/b.bin"
+# The reference library's layout (dtype order, then name), so the headers match but for the
+# order of __metadata__ entries (a hash map in the reference library).
+run inspect-original 0 "$FERRY" inspect --json "$ST"
+grep -v '"path"' "$OUT" >"$WORK/a.json"
+run inspect-back 0 "$FERRY" inspect --json "$WORK/back.safetensors"
+grep -v '"path"\|"file_size"' "$OUT" >"$WORK/b.json"
+grep -v '"file_size"' "$WORK/a.json" >"$WORK/a2.json"
+check safetensors-round-trip-index
+same "$WORK/a2.json" "$WORK/b.json"
+
+# ---- ferry -> safetensors -> ferry keeps every byte --------------------------------------------
+run to-ferry-raw 0 "$FERRY" convert "$ST" "$WORK/r1.ferry"
+run raw-to-safetensors 0 "$FERRY" convert "$WORK/r1.ferry" "$WORK/r.safetensors"
+run safetensors-to-raw 0 "$FERRY" convert "$WORK/r.safetensors" "$WORK/r2.ferry"
+check ferry-round-trip
+same "$WORK/r1.ferry" "$WORK/r2.ferry"
+run re-encode 0 "$FERRY" convert "$WORK/z.ferry" "$WORK/r3.ferry" --encoding raw
+check re-encode-round-trip
+same "$WORK/r1.ferry" "$WORK/r3.ferry"
+
+# ---- sharded safetensors through the index -------------------------------------------------------
+run sharded 0 "$FERRY" convert "$INDEX" "$WORK/sharded.ferry" && has "2 shards" &&
+  has "4 tensors"
+run sharded-inspect 0 "$FERRY" inspect "$WORK/sharded.ferry" && has "embed.weight" &&
+  has "layers.0.w" && has "layers.1.w" && has "norm.weight" && has "format = pt"
+run sharded-to-one-safetensors 0 "$FERRY" convert "$INDEX" "$WORK/one.safetensors"
+run sharded-one-inspect 0 "$FERRY" inspect "$WORK/one.safetensors" && has "tensors    4"
+mkdir -p "$WORK/shards"
+cp "$DATA"/sharded/*.safetensors "$WORK/shards/"
+cat >"$WORK/shards/model.safetensors.index.json" <<'EOF'
+{"weight_map": {"embed.weight": "model-00001-of-00002.safetensors",
+                "layers.0.w": "model-00001-of-00002.safetensors",
+                "layers.1.w": "model-00001-of-00002.safetensors",
+                "norm.weight": "model-00002-of-00002.safetensors"}}
+EOF
+run sharded-wrong-map 1 "$FERRY" convert "$WORK/shards/model.safetensors.index.json" \
+  "$WORK/bad.ferry" && has "tensor 'layers.1.w'" && has "does not hold it"
+check no-output-on-failure
+[ ! -e "$WORK/bad.ferry" ] || fail "a failed convert left $WORK/bad.ferry"
+rm "$WORK/shards/model-00002-of-00002.safetensors"
+run sharded-missing-shard 1 "$FERRY" convert "$WORK/shards/model.safetensors.index.json" \
+  "$WORK/bad.ferry" && has "model-00002-of-00002.safetensors" && has "NotFound"
+
+# ---- corruption: verify names the tensor and the block; convert refuses --------------------------
+run to-ferry-small-blocks 0 "$FERRY" convert "$ST" "$WORK/c.ferry" --block-size 4096
+run inspect-offsets 0 "$FERRY" inspect --json "$WORK/c.ferry"
+offset=$(awk '/"name": "model.bf16"/ {found = 1} found && /"data_offset"/ {gsub(/[^0-9]/, ""); print; exit}' "$OUT")
+check find-offset
+[ -n "$offset" ] || fail "no data_offset for model.bf16"
+printf '\xff' | dd of="$WORK/c.ferry" bs=1 seek=$((offset + 100)) conv=notrunc status=none
+run verify-corrupt 1 "$FERRY" verify "$WORK/c.ferry" && has "FAILED" &&
+  has "tensor 'model.bf16'" && has "checksum mismatch in block 0" &&
+  has "1 of 21 blocks in 1 of 22 tensors do not match"
+run verify-corrupt-json 1 "$FERRY" verify --json "$WORK/c.ferry" && has '"ok": false' &&
+  has '"tensor": "model.bf16"'
+run convert-corrupt 1 "$FERRY" convert "$WORK/c.ferry" "$WORK/c.safetensors" &&
+  has "checksum mismatch"
+check no-output-on-failure
+[ ! -e "$WORK/c.safetensors" ] || fail "a failed convert left $WORK/c.safetensors"
+
+# ---- malformed safetensors headers -------------------------------------------------------------
+printf '\x00\x00\x00\x00\x00\x01\x00\x00{' >"$WORK/huge.safetensors"
+run huge-header 1 "$FERRY" inspect "$WORK/huge.safetensors" && has "DataLoss" &&
+  has "huge.safetensors: safetensors header length 1099511627776" && has "exceeds the limit"
+hdr='{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
+{ printf "\\x$(printf %02x ${#hdr})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"; printf '%s' "$hdr"; printf '12345678'; } \
+  >"$WORK/overlap.safetensors"
+run overlap 1 "$FERRY" verify "$WORK/overlap.safetensors" &&
+  has "tensor 'b': data_offsets [4, 8] overlap tensor 'a'"
+hdr='{"t":{"dtype":"Q8","shape":[2],"data_offsets":[0,2]}}'
+{ printf "\\x$(printf %02x ${#hdr})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"; printf '%s' "$hdr"; printf 'xx'; } \
+  >"$WORK/dtype.safetensors"
+run unknown-dtype 1 "$FERRY" convert "$WORK/dtype.safetensors" "$WORK/d.ferry" &&
+  has "unknown dtype 'Q8'"
+run bad-block-size 1 "$FERRY" convert "$ST" "$WORK/x.ferry" --block-size 3000 &&
+  has "block_size 3000"
+
+# ---- FP8 recipes, scaling state and quantized tensors (the golden v1 file) ----------------------
+if [ -f "$GOLDEN" ]; then
+  run inspect-golden 0 "$FERRY" inspect "$GOLDEN" && has "quantized tensors" &&
+    has "scaling state" && has "DelayedScaling(" && has "MXFP8BlockScaling" &&
+    has "CustomRecipe(name=my.Recipe" && has "rowwise: data"
+  run inspect-golden-json 0 "$FERRY" inspect --json "$GOLDEN" && has '"recipe"' &&
+    has '"amax_history"' && has '"scaling_mode"'
+  run verify-golden 0 "$FERRY" verify "$GOLDEN" && has "OK"
+  # Its NVFP4 weight holds an odd number of F4 elements: not whole bytes, so not safetensors.
+  run golden-to-safetensors 1 "$FERRY" convert "$GOLDEN" "$WORK/golden.safetensors" &&
+    has "descriptions are dropped" && has "tensor 'nvfp4.weight' holds 15 F4 elements"
+  check golden-no-output
+  [ ! -e "$WORK/golden.safetensors" ] || fail "a failed convert left its output"
+  run golden-to-ferry 0 "$FERRY" convert "$GOLDEN" "$WORK/golden.ferry" --encoding zstd
+  run golden-copy-inspect 0 "$FERRY" inspect "$WORK/golden.ferry" && has "quantized tensors" &&
+    has "CustomRecipe(name=my.Recipe"
+fi
+
+# ---- bench --------------------------------------------------------------------------------------
+run bench-generate 0 "$FERRY" bench --generate 4MiB --repeat 2 --dir "$WORK" &&
+  has "llama-like" && has "run 2/2" && has "ceiling" && has "ratio" && has "GB/s"
+check bench-cleanup
+if ls -d "$WORK"/ferry-bench-* >/dev/null 2>&1; then fail "bench left its checkpoint behind"; fi
+run bench-keep 0 "$FERRY" bench --generate 2MiB --repeat 1 --dir "$WORK" --keep --prealloc \
+  --threads 2 --chunk-mib 1 --staging-mib 8 --path staging && has "kept" &&
+  has "into preallocated buffers"
+run bench-file 0 "$FERRY" bench "$ST" --repeat 1 && has "22 tensors" && has "ceiling"
+
+echo "cli_test: $((checks - failed)) passed, $failed failed"
+[ "$failed" -eq 0 ]
