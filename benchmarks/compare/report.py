@@ -8,7 +8,7 @@ import json
 import os
 
 COLUMNS = ["mode", "loader", "format", "rep", "status", "gbps", "seconds", "ttft_s", "ttft_kind",
-           "tensor_bytes", "file_bytes", "peak_rss_mib", "rss_ready_mib",
+           "tensor_bytes", "file_bytes", "cache_resident_pct", "peak_rss_mib", "rss_ready_mib",
            "pinned_configured_mib", "pinned_map_peak_mib", "vmpin_peak_mib", "vmlck_peak_mib",
            "target_gpu", "gpu_mem_mib", "other_gpu_mib", "other_gpu_contexts",
            "max_reserved_mib", "verified", "wall_s", "note"]

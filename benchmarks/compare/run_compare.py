@@ -316,6 +316,40 @@ class Nvml:
         return out
 
 
+def resident_pct(path):
+    """Percentage of the file's pages in the page cache (mincore on a mapping of it)."""
+    import ctypes
+
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return 100.0
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        finally:
+            os.close(fd)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        page = os.sysconf("SC_PAGE_SIZE")
+        vec = ctypes.create_string_buffer((size + page - 1) // page)
+        try:
+            if libc.mincore(addr, size, vec) != 0:
+                return None
+        finally:
+            libc.munmap(addr, size)
+        raw = vec.raw
+        return 100.0 * sum(b & 1 for b in raw) / len(raw)
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
 def drop_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -352,7 +386,7 @@ def _kill(p):
         pass
 
 
-def run_protocol_child(cmd, env, mode, timeout, log_path, nvml):
+def run_protocol_child(cmd, env, mode, timeout, log_path, nvml, path=None):
     """Runs a child that speaks the @@READY / @@RESULT / @@HOLD protocol (children.py,
     ferry_load.c). Returns a dict of measurements."""
     t_spawn = time.monotonic()
@@ -384,7 +418,10 @@ def run_protocol_child(cmd, env, mode, timeout, log_path, nvml):
             if line is None:
                 return None
             if line.startswith("@@RESULT "):
-                return json.loads(line[len("@@RESULT "):])
+                try:
+                    return json.loads(line[len("@@RESULT "):])
+                except ValueError:
+                    return {"error": "unreadable result line: %r" % line[:300]}
             if line.startswith(tag):
                 return line
             logf.write("[stdout] " + line)
@@ -395,6 +432,7 @@ def run_protocol_child(cmd, env, mode, timeout, log_path, nvml):
         else:
             if mode == "cold":
                 drop_caches()
+            resident = resident_pct(path) if path else None
             base = sampler.baseline()
             p.stdin.write("GO\n")
             p.stdin.flush()
@@ -408,6 +446,7 @@ def run_protocol_child(cmd, env, mode, timeout, log_path, nvml):
                 out.update(result)
                 out["status"] = "ok"
                 out["rss_ready_mib"] = base["VmRSS"] / 2**20
+                out["cache_resident_pct"] = resident
                 out["pinned_map_peak_mib"] = max(0, peak["map"] - base["map"]) / 2**20
                 out["vmpin_peak_mib"] = peak["VmPin"] / 2**20
                 out["vmlck_peak_mib"] = peak["VmLck"] / 2**20
@@ -444,10 +483,11 @@ def _tail(path, n=3000):
         return ""
 
 
-def run_cli_child(cmd, env, mode, timeout, log_path):
+def run_cli_child(cmd, env, mode, timeout, log_path, path=None):
     """Runs `ferry bench` (no protocol): throughput as it prints it; RSS from wait4."""
     if mode == "cold":
         drop_caches()
+    resident = resident_pct(path) if path else None
     t_spawn = time.monotonic()
     with open(log_path, "w") as logf:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
@@ -463,7 +503,8 @@ def run_cli_child(cmd, env, mode, timeout, log_path):
         sampler.join()
     text = "".join(chunks)
     out = {"peak_rss_mib": ru.ru_maxrss / 1024, "wall_s": time.monotonic() - t_spawn,
-           "pinned_map_peak_mib": sampler.peak["map"] / 2**20, "cli_output": text[-2000:]}
+           "pinned_map_peak_mib": sampler.peak["map"] / 2**20, "cli_output": text[-2000:],
+           "cache_resident_pct": resident}
     if time.monotonic() - t_spawn >= timeout:
         out.update(status="timeout", note="no result within %d s" % timeout)
         return out
@@ -644,6 +685,7 @@ def main(argv=None):
         [HERE, os.path.join(ROOT, "bindings", "python")] +
         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA ordinals in NVML's order
     if build_dir:
         env["TENSORFERRY_LIBRARY"] = os.path.join(build_dir, "src", "libferry.so")
     log("build dir: %s" % build_dir)
@@ -745,9 +787,16 @@ def main(argv=None):
             n = 1 if e.kind == "cli" else reps
             for rep in range(1, n + 1):
                 row = dict(base, rep=rep)
-                res = run_entry(e, mode, fileinfo, manifest, env, device, ferry_load, ferry_cli,
-                                samples_path, data_dir, args, probe, nvml, ceiling_bytes, reps)
-                row.update(summarize(e, res, row, manifest, device, probe))
+                try:
+                    res = run_entry(e, mode, fileinfo, manifest, env, device, ferry_load,
+                                    ferry_cli, samples_path, data_dir, args, probe, nvml,
+                                    ceiling_bytes, reps)
+                    row.update(summarize(e, res, row, manifest, device, probe))
+                except Exception as ex:  # a harness fault in one row must not end the run
+                    import traceback
+
+                    res = {"log_tail": traceback.format_exc()[-3000:]}
+                    row.update(status="error", note="harness: %s: %s" % (type(ex).__name__, ex))
                 runs.append(row)
                 if row["status"] != "ok":
                     failures.append({"mode": mode, "loader": e.name, "rep": rep,
@@ -853,13 +902,14 @@ def run_entry(e, mode, fileinfo, manifest, env, device, ferry_load, ferry_cli, s
             "torch": bool(probe.get("torch"))}
     if e.kind == "c":
         cmd = [ferry_load, fileinfo["path"], str(device if e.gpu else -1), samples_path]
-        return run_protocol_child(cmd, child_env, mode, args.timeout, log_path, nvml)
+        return run_protocol_child(cmd, child_env, mode, args.timeout, log_path, nvml,
+                                  fileinfo["path"])
     if e.kind == "cli":
         cmd = [ferry_cli, "bench", fileinfo["path"], "--repeat",
                str(reps if mode == "hot" else 1)]
         if e.gpu and device >= 0:
             cmd += ["--device", str(device)]
-        return run_cli_child(cmd, child_env, mode, args.timeout, log_path)
+        return run_cli_child(cmd, child_env, mode, args.timeout, log_path, fileinfo["path"])
     if e.kind == "pinned-h2d":
         spec.update(loader_kind="pinned-h2d", bytes=ceiling_bytes)
     elif e.kind == "file-read":
@@ -870,7 +920,8 @@ def run_entry(e, mode, fileinfo, manifest, env, device, ferry_load, ferry_cli, s
         spec.update(loader_kind="host")
     spec["role"] = "run"
     return run_protocol_child(py + [json.dumps(spec)], child_env, mode, args.timeout, log_path,
-                              nvml if e.gpu else None)
+                              nvml if e.gpu else None,
+                              None if e.kind == "pinned-h2d" else fileinfo["path"])
 
 
 def summarize(e, res, row, manifest, device, probe):
@@ -901,7 +952,7 @@ def summarize(e, res, row, manifest, device, probe):
                 out["status"] = "wrong"
         else:
             out["verified"] = "n/a"
-    for k in ("peak_rss_mib", "rss_ready_mib", "pinned_map_peak_mib", "vmpin_peak_mib",
+    for k in ("cache_resident_pct", "peak_rss_mib", "rss_ready_mib", "pinned_map_peak_mib", "vmpin_peak_mib",
               "vmlck_peak_mib", "max_reserved_mib", "wall_s"):
         if res.get(k) is not None:
             out[k] = res[k]
