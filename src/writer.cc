@@ -424,8 +424,16 @@ class Writer::Impl {
                                ? std::string("tensorferry ") + FERRY_VERSION_STRING
                                : options.producer;
     auto prod = b.CreateString(producer);
+    std::vector<uint32_t> order;
+    for (uint32_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].data_size > 0) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+      return tensors[x].data_offset < tensors[y].data_offset;
+    });
+    auto ovec = b.CreateVector(order);
     auto root = fb::CreateCheckpoint(b, kFormatVersion, prod, fb::ChecksumAlgo::XXH3_64, tvec, qvec,
-                                     svec, mvec);
+                                     svec, mvec, ovec);
     fb::FinishCheckpointBuffer(b, root);
     return Status::Ok();
   }
