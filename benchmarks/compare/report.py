@@ -216,7 +216,8 @@ def markdown_table(summary, meta):
                                         "instanttensor", "runai-model-streamer"))),
              "",
              "| loader | format | hot GB/s | cold GB/s | hot / ceiling | cold / ceiling | "
-             "first tensor, hot (s) | peak RSS (MiB) | pinned seen (MiB) | other GPUs | "
+             "first tensor, hot (s) | peak RSS (MiB) | pinned MiB (configured / seen) | "
+             "other GPUs | "
              "verified |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for name in names:
@@ -236,6 +237,7 @@ def markdown_table(summary, meta):
             ttft = "%.3f%s" % (h["ttft_s"], "" if h.get("ttft_kind") == "first" else " (all)")
         rss = max((r.get("peak_rss_mib") or 0) for r in (h, c) if r) if any_r else 0
         pinned = max((r.get("pinned_map_peak_mib") or 0) for r in (h, c) if r) if any_r else 0
+        cfg = max((r.get("pinned_configured_mib") or 0) for r in (h, c) if r) if any_r else 0
         other = "-"
         for r in (h, c):
             if r and r.get("other_gpu_contexts") not in (None, "", "none"):
@@ -246,7 +248,9 @@ def markdown_table(summary, meta):
                                if r and r.get("verified")})) or "-"
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             name, any_r.get("format", ""), rate(h), rate(c), ratio(h), ratio(c), ttft,
-            "%.0f" % rss if rss else "-", "%.0f" % pinned if pinned else "-", other, ver))
+            "%.0f" % rss if rss else "-",
+            "%s / %s" % ("%.0f" % cfg if cfg else "-", "%.0f" % pinned if pinned else "-"),
+            other, ver))
     lines += ["", "TensorFerry against the best peer and the ceiling:", "",
               "| mode | TensorFerry row | GB/s | best peer | peer GB/s | ratio to best peer | "
               "ratio to ceiling |", "|---|---|---:|---|---:|---:|---:|"]

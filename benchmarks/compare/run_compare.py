@@ -18,7 +18,6 @@ samples each child's /proc entries while it runs and asks NVML which GPUs hold m
 """
 
 import argparse
-import csv
 import datetime
 import glob
 import json
@@ -26,7 +25,6 @@ import os
 import platform
 import queue
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -345,7 +343,7 @@ def resident_pct(path):
         finally:
             libc.munmap(addr, size)
         raw = vec.raw
-        return 100.0 * sum(b & 1 for b in raw) / len(raw)
+        return 100.0 * (len(raw) - raw.count(0)) / len(raw)  # bit 0: resident; the rest 0
     except (OSError, AttributeError, ValueError):
         return None
 
@@ -781,6 +779,13 @@ def main(argv=None):
                 runs.append(dict(base, rep=0, status="skipped", note=why))
                 log("%-5s %-26s skipped: %s" % (mode, e.name, why))
                 continue
+            if mode == "hot" and e.kind != "pinned-h2d":
+                pct = resident_pct(fileinfo["path"])
+                if pct is not None and pct < 99.0:
+                    t0 = time.monotonic()
+                    warm(fileinfo["path"])
+                    log("hot: %s was %.0f%% in the page cache; read again in %.1f s" % (
+                        os.path.basename(fileinfo["path"]), pct, time.monotonic() - t0))
             if mode == "hot" and args.hot_warmup == "loader" and e.kind != "cli":
                 run_entry(e, mode, fileinfo, manifest, env, device, ferry_load, ferry_cli,
                           samples_path, data_dir, args, probe, nvml, ceiling_bytes, reps)
