@@ -23,6 +23,14 @@ std::string_view Sv(const flatbuffers::String* s) {
   return s == nullptr ? std::string_view() : std::string_view(s->data(), s->size());
 }
 
+// The FlatBuffers verifier aligns a vector's length field to 4 bytes only; a non-empty vector
+// of 8-byte elements must also be 8-byte aligned, or reading it is undefined behaviour. (The
+// builder does not align empty vectors, so those are accepted as they are.)
+template <typename V>
+bool Aligned8(const V* v) {
+  return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
+}
+
 // "tensor #i 'name'" for messages, rendered only when a message is built: formatting it for
 // every tensor up front cost more than all other validation of a 100,000-tensor index.
 struct TensorWhere {
@@ -64,6 +72,7 @@ struct Validator {
   template <typename Where>
   Result<uint64_t> CheckShape(const flatbuffers::Vector<int64_t>* shape, const Where& where) const {
     if (shape == nullptr) return uint64_t{1};
+    if (!Aligned8(shape)) return Fail(StrCat(where, ": misaligned shape"));
     if (shape->size() > format::kMaxDims) {
       return Fail(StrCat(where, ": ", shape->size(), " dims (limit ", format::kMaxDims, ")"));
     }
@@ -85,6 +94,9 @@ struct Validator {
       return Fail(StrCat(where, ": unknown dtype ", int{dtype_value}));
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t numel, CheckShape(t->shape(), where));
+    if (!Aligned8(t->checksums()) || !Aligned8(t->chunks())) {
+      return Fail(StrCat(where, ": misaligned checksum or chunk table"));
+    }
     auto expect = StorageBytes(static_cast<DType>(dtype_value), numel);
     if (!expect) return Fail(StrCat(where, ": byte size overflows 64 bits"));
     if (t->nbytes() != *expect) {

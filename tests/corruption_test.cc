@@ -71,6 +71,9 @@ struct TensorSpec {
   uint64_t block_size = 4096;
   std::optional<std::vector<uint64_t>> checksums;
   std::optional<std::vector<fb::Chunk>> chunks;
+  // Place the vector's elements 4 bytes off 8-byte alignment (the builder never does).
+  bool misalign_shape = false;
+  bool misalign_checksums = false;
 };
 
 struct QuantSpec {
@@ -117,6 +120,21 @@ struct FileSpec {
   }
 };
 
+// A vector of 8-byte values whose elements start 4 bytes off 8-byte alignment: legal to the
+// FlatBuffers verifier, which checks only the 4-byte length field.
+template <typename T>
+flatbuffers::Offset<flatbuffers::Vector<T>> MisalignedVector(flatbuffers::FlatBufferBuilder& b,
+                                                             const std::vector<T>& v) {
+  static_assert(sizeof(T) == 8);
+  // The buffer is built back to front and its total size is a multiple of 8, so an element
+  // block is 8-byte aligned exactly when the bytes written after it are.
+  b.PreAlign(v.size() * 8, 8);
+  b.PushElement<uint32_t>(0);
+  b.StartVector(v.size() * 2, 4);
+  b.PushBytes(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 8);
+  return flatbuffers::Offset<flatbuffers::Vector<T>>(b.EndVector(v.size()));
+}
+
 flatbuffers::Offset<void> BuildRecipe(flatbuffers::FlatBufferBuilder& b, const ScalingSpec& s) {
   if (!s.recipe_table) return 0;
   auto fmt = static_cast<fb::Fp8Format>(s.fp8_format);
@@ -144,8 +162,14 @@ std::vector<uint8_t> BuildFooter(const FileSpec& spec) {
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   for (const TensorSpec& t : spec.tensors) {
     auto name = b.CreateString(t.name);
-    auto shape = t.shape ? b.CreateVector(*t.shape) : 0;
-    auto sums = t.checksums ? b.CreateVector(*t.checksums) : 0;
+    flatbuffers::Offset<flatbuffers::Vector<int64_t>> shape = 0;
+    if (t.shape)
+      shape = t.misalign_shape ? MisalignedVector(b, *t.shape) : b.CreateVector(*t.shape);
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> sums = 0;
+    if (t.checksums) {
+      sums =
+          t.misalign_checksums ? MisalignedVector(b, *t.checksums) : b.CreateVector(*t.checksums);
+    }
     auto chunks = t.chunks ? b.CreateVectorOfStructs(*t.chunks) : 0;
     tensors.push_back(fb::CreateTensor(
         b, name, static_cast<fb::DType>(t.dtype), shape, t.data_offset, t.data_size, t.nbytes,
@@ -504,6 +528,27 @@ TEST_F(CorruptionTest, BadChunkTables) {
   spec = BaselineSpec();
   spec.tensor("a").block_size = uint64_t{1} << 31;
   ExpectRejected(spec, "block size 2147483648 outside");
+}
+
+TEST_F(CorruptionTest, MisalignedVectors) {
+  FileSpec spec = BaselineSpec();
+  spec.tensor("b").misalign_shape = true;
+  auto bytes = Assemble(spec);
+  // The crafted footer really is misaligned where it matters and passes the verifier.
+  {
+    FooterSpan f = FooterOf(bytes);
+    std::vector<uint64_t> aligned((f.size + 7) / 8);
+    std::memcpy(aligned.data(), bytes.data() + f.offset, f.size);
+    const auto* p = reinterpret_cast<const uint8_t*>(aligned.data());
+    flatbuffers::Verifier verifier(p, f.size);
+    ASSERT_TRUE(fb::VerifyCheckpointBuffer(verifier));
+    const fb::Tensor* b = fb::GetCheckpoint(p)->tensors()->Get(1);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(b->shape()->Data()) % 8, 4u);
+  }
+  ExpectRejected(bytes, "tensor #1 'b': misaligned shape");
+  spec = BaselineSpec();
+  spec.tensor("c").misalign_checksums = true;
+  ExpectRejected(spec, "tensor #2 'c': misaligned checksum or chunk table");
 }
 
 TEST_F(CorruptionTest, UnknownEnums) {
