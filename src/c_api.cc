@@ -1105,6 +1105,7 @@ void ferry_loader_options_init(ferry_loader_options_t* options) {
   options->host_path = static_cast<int32_t>(d.host_path);
   options->pinned_alloc = static_cast<int32_t>(d.pinned_alloc);
   options->verify = d.verify ? 1 : 0;
+  options->io = static_cast<int32_t>(d.io);
 }
 
 int ferry_cuda_available(void) {
@@ -1128,7 +1129,7 @@ int ferry_loader_create(const ferry_loader_options_t* options, ferry_loader_t** 
       if (FERRY_C_HAS(options, threads)) o.threads = options->threads;
       if (FERRY_C_HAS(options, host_path)) {
         if (options->host_path < FERRY_HOST_PATH_AUTO ||
-            options->host_path > FERRY_HOST_PATH_REGISTER) {
+            options->host_path > FERRY_HOST_PATH_REGISTER_WINDOWS) {
           return Fail(error, FERRY_INVALID_ARGUMENT,
                       ferry::StrCat("ferry_loader_create: unknown host_path ", options->host_path));
         }
@@ -1144,6 +1145,13 @@ int ferry_loader_create(const ferry_loader_options_t* options, ferry_loader_t** 
         o.pinned_alloc = static_cast<ferry::PinnedAlloc>(options->pinned_alloc);
       }
       if (FERRY_C_HAS(options, verify)) o.verify = options->verify != 0;
+      if (FERRY_C_HAS(options, io)) {
+        if (options->io < FERRY_IO_AUTO || options->io > FERRY_IO_DIRECT) {
+          return Fail(error, FERRY_INVALID_ARGUMENT,
+                      ferry::StrCat("ferry_loader_create: unknown io ", options->io));
+        }
+        o.io = static_cast<ferry::IoMode>(options->io);
+      }
     }
     auto l = ferry::Loader::Create(o);
     if (!l.ok()) return Report(l.status(), error);

@@ -480,6 +480,11 @@ typedef struct ferry_loader_t ferry_loader_t;
 #define FERRY_HOST_PATH_AUTO 0
 #define FERRY_HOST_PATH_STAGING 1  /* CPU copies into the pinned ring, then DMA */
 #define FERRY_HOST_PATH_REGISTER 2 /* register the mapped file, DMA from the page cache */
+#define FERRY_HOST_PATH_REGISTER_WINDOWS 3 /* register window by window (measured slower) */
+
+#define FERRY_IO_AUTO 0       /* page cache when resident, else O_DIRECT (sampled per load) */
+#define FERRY_IO_PAGE_CACHE 1 /* read through the file mapping */
+#define FERRY_IO_DIRECT 2     /* O_DIRECT reads into the pinned ring (tmpfs: page cache) */
 
 #define FERRY_PINNED_HOST_REGISTER 0 /* malloc + prefault + cudaHostRegister */
 #define FERRY_PINNED_HOST_ALLOC 1    /* cudaHostAlloc */
@@ -488,10 +493,11 @@ typedef struct ferry_loader_options_t {
   size_t struct_size;
   uint64_t staging_bytes; /* total pinned staging memory */
   uint64_t chunk_bytes;   /* bytes per staging slot and per DMA */
-  int32_t threads;        /* CPU workers; 0: min(8, hardware threads) */
+  int32_t threads;        /* CPU workers; 0: up to 16, 8 of them for uncompressed loads */
   int32_t host_path;      /* FERRY_HOST_PATH_* */
   int32_t pinned_alloc;   /* FERRY_PINNED_* */
   int32_t verify;         /* check block checksums while loading */
+  int32_t io;             /* FERRY_IO_* */
 } ferry_loader_options_t;
 
 FERRY_API void ferry_loader_options_init(ferry_loader_options_t* options);

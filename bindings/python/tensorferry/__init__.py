@@ -418,9 +418,14 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
 class Loader:
     """A TensorFerry loader: a pinned staging ring reused across loads. Copies go to the
     calling thread's current CUDA device, on the given stream. Close it (or let the process
-    exit) while the CUDA context is alive."""
+    exit) while the CUDA context is alive.
 
-    def __init__(self, staging_bytes=None, chunk_bytes=None, threads=0, verify=False):
+    ``io``: "auto" (page cache when the file is resident, else O_DIRECT), "page_cache" or
+    "direct"."""
+
+    _IO = {"auto": 0, "page_cache": 1, "direct": 2}
+
+    def __init__(self, staging_bytes=None, chunk_bytes=None, threads=0, verify=False, io="auto"):
         L = _lib.lib()
         opts = _lib.LoaderOptions()
         L.ferry_loader_options_init(ctypes.byref(opts))
@@ -430,6 +435,9 @@ class Loader:
             opts.chunk_bytes = int(chunk_bytes)
         opts.threads = int(threads)
         opts.verify = 1 if verify else 0
+        if io not in self._IO:
+            raise ValueError("tensorferry: io must be one of %s, got %r" % (sorted(self._IO), io))
+        opts.io = self._IO[io]
         handle = ctypes.c_void_p()
         _lib.call("ferry_loader_create", ctypes.byref(opts), ctypes.byref(handle))
         self._handle = handle

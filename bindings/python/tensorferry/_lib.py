@@ -179,6 +179,7 @@ class LoaderOptions(ctypes.Structure):
         ("host_path", c_int32),
         ("pinned_alloc", c_int32),
         ("verify", c_int32),
+        ("io", c_int32),
     ]
 
 
