@@ -575,22 +575,25 @@ def _compile_ferry_load(cc, build_dir, dest, rpath):
 
 
 def build_ferry_load(build_dir, dest):
-    """Compiles ferry_load.c against the build's libferry.so (the C API's consumer view).
-    Also leaves a copy in <build>/compare/ (found through $ORIGIN) for machines without a C
-    compiler, and uses that copy where this machine has none."""
+    """The C API row's program, ferry_load.c, linked to the build's libferry.so. A copy in
+    <build>/compare/ (found through $ORIGIN, compiled with the headers of that build) is used
+    as it is; otherwise it is compiled here, into the build tree when writable, else `dest`."""
     prebuilt = os.path.join(build_dir, "compare", "ferry_load")
+    if os.access(prebuilt, os.X_OK):
+        return prebuilt, ""
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
-        if os.access(prebuilt, os.X_OK):
-            return prebuilt, ""
         return None, "no C compiler and no %s" % prebuilt
+    try:
+        os.makedirs(os.path.dirname(prebuilt), exist_ok=True)
+        rc, out = _compile_ferry_load(cc, build_dir, prebuilt, "$ORIGIN/../src")
+        if rc == 0:
+            return prebuilt, ""
+    except OSError:
+        pass
     rc, out = _compile_ferry_load(cc, build_dir, dest, os.path.join(build_dir, "src"))
     if rc != 0:
-        if os.access(prebuilt, os.X_OK):
-            return prebuilt, ""
         return None, "ferry_load.c did not build: " + out[-500:]
-    os.makedirs(os.path.dirname(prebuilt), exist_ok=True)
-    _compile_ferry_load(cc, build_dir, prebuilt, "$ORIGIN/../src")
     return dest, ""
 
 
