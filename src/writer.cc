@@ -39,6 +39,8 @@ struct TensorRecord {
   uint64_t block_size = 0;
   std::vector<uint64_t> checksums;
   std::vector<ChunkRecord> chunks;
+  std::vector<int64_t> global_shape;  // both empty unless SetGlobalSlice was called
+  std::vector<int64_t> shard_offset;
 };
 
 std::string TempPath(const std::string& path) {
@@ -365,9 +367,14 @@ class Writer::Impl {
         }
         ch = b.CreateVectorOfStructs(chunks);
       }
+      flatbuffers::Offset<flatbuffers::Vector<int64_t>> gshape = 0, goffset = 0;
+      if (!t.global_shape.empty() || !t.shard_offset.empty()) {
+        gshape = b.CreateVector(t.global_shape);
+        goffset = b.CreateVector(t.shard_offset);
+      }
       toffs.push_back(fb::CreateTensor(
           b, name, static_cast<fb::DType>(t.dtype), shape, t.data_offset, t.data_size, t.nbytes,
-          static_cast<fb::Encoding>(t.encoding), t.block_size, sums, ch));
+          static_cast<fb::Encoding>(t.encoding), t.block_size, sums, ch, gshape, goffset));
     }
     auto tvec = b.CreateVector(toffs);
 
@@ -527,6 +534,42 @@ Status Writer::AddTensorFrom(std::string_view name, DType dtype, const std::vect
   if (!impl_) return Error(StatusCode::kInvalidArgument, "moved-from Writer");
   if (!fill) return Error(StatusCode::kInvalidArgument, impl_->path, ": empty fill function");
   return impl_->Add(name, dtype, shape, nullptr, 0, &fill, encoding);
+}
+
+Status Writer::SetGlobalSlice(std::string_view name, const std::vector<int64_t>& global_shape,
+                              const std::vector<int64_t>& offset) {
+  if (!impl_) return Error(StatusCode::kInvalidArgument, "moved-from Writer");
+  FERRY_RETURN_IF_ERROR(impl_->CheckUsable());
+  auto& tensors = impl_->tensors;
+  // Usually called right after AddTensor: look at the newest record before searching.
+  auto it = !tensors.empty() && tensors.back().name == name
+                ? tensors.end() - 1
+                : std::find_if(tensors.begin(), tensors.end(),
+                               [&](const TensorRecord& t) { return t.name == name; });
+  if (it == tensors.end()) {
+    return Error(StatusCode::kNotFound, impl_->path, ": SetGlobalSlice of ", Quote(name),
+                 ", which was not added");
+  }
+  const std::vector<int64_t>& shape = it->shape;
+  if (global_shape.size() != shape.size() || offset.size() != shape.size()) {
+    return Error(StatusCode::kInvalidArgument, impl_->path, ": tensor ", Quote(name), " has ",
+                 shape.size(), " dims, but the global shape has ", global_shape.size(),
+                 " and the offset ", offset.size());
+  }
+  if (!NumElements(global_shape)) {
+    return Error(StatusCode::kInvalidArgument, impl_->path, ": tensor ", Quote(name),
+                 ": global shape has a negative dim or its size overflows");
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (offset[d] < 0 || offset[d] > global_shape[d] - shape[d]) {
+      return Error(StatusCode::kInvalidArgument, impl_->path, ": tensor ", Quote(name), ": dim ",
+                   d, " covers [", offset[d], ", ", offset[d] + shape[d],
+                   ") of a global extent of ", global_shape[d]);
+    }
+  }
+  it->global_shape = global_shape;
+  it->shard_offset = offset;
+  return Status::Ok();
 }
 
 Status Writer::AddQuantized(const QuantizedTensor& tensor) {

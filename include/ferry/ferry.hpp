@@ -87,6 +87,11 @@ struct TensorInfo {
   Encoding encoding = Encoding::kRaw;
   uint64_t block_size = 0;  // raw bytes per checksum block / chunk
   size_t index = 0;         // position in the Reader's name-sorted tensor list
+  // Tensor-parallel slices (Writer::SetGlobalSlice): the whole tensor's shape and where this
+  // stored tensor starts inside it, one entry per dimension. Both empty for an ordinary
+  // tensor. They describe the stored tensor; a row-range load changes `shape` only.
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> shard_offset;
 };
 
 // ---- FP8 / FP4 scaling metadata (TransformerEngine recipes), never pickled ----------------
@@ -238,6 +243,14 @@ class FERRY_API Writer {
   // Pulled source (see FillFn), called with pieces of at most options.block_size bytes.
   Status AddTensorFrom(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
                        const FillFn& fill, Encoding encoding);
+
+  // Marks the already added tensor `name` as a slice of a larger tensor (tensor parallelism):
+  // `global_shape` is the whole tensor's shape and `offset` where this one starts in it, each
+  // with one entry per dimension of the tensor, 0 <= offset[d] and offset[d] + shape[d] <=
+  // global_shape[d]. Stored as Tensor.global_shape / shard_offset; nothing about ranks or
+  // devices is recorded. Call before Commit.
+  Status SetGlobalSlice(std::string_view name, const std::vector<int64_t>& global_shape,
+                        const std::vector<int64_t>& offset);
 
   // Component tensors must be added (before Commit) under the names the QuantizedTensor uses.
   Status AddQuantized(const QuantizedTensor& tensor);
