@@ -269,6 +269,10 @@ void RegisterDevice() {
   // What users get: default allocator; warm mapping and a fresh open.
   b->Args({1, 12, 4, 0, 0, 1});
   b->Args({1, 12, 4, 0, 1, 1});
+  // The defaults (8 copy threads, plain stores): caller buffers, default allocator warm and
+  // fresh.
+  b->Args({1, 8, 4, 0, 0, 0});
+  b->Args({1, 8, 4, 0, 1, 0});
   // Registration of the whole mapping: cached (warm) and paid per open (fresh).
   b->Args({2, 8, 4, 1, 0, 1});
   b->Args({2, 8, 64, 1, 0, 1});
