@@ -136,7 +136,8 @@ void Shuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
       break;
   }
   size_t done = count * itemsize;
-  std::memcpy(dst + done, src + done, n - done);
+  // Guarded: an empty block may come with null pointers, which memcpy must never see.
+  if (n > done) std::memcpy(dst + done, src + done, n - done);
 }
 
 void Unshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
@@ -156,7 +157,8 @@ void Unshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
       break;
   }
   size_t done = count * itemsize;
-  std::memcpy(dst + done, src + done, n - done);
+  // Guarded: an empty block may come with null pointers, which memcpy must never see.
+  if (n > done) std::memcpy(dst + done, src + done, n - done);
 }
 
 void StreamingCopy(void* dst, const void* src, size_t n) {

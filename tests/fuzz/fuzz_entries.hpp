@@ -1,0 +1,300 @@
+// The bodies of the libFuzzer targets, shared with tests/fuzz_regression_test.cc so that every
+// input a fuzzer ever found is replayed through exactly the same calls by the normal suite.
+//
+// Each entry returns the first error Status it met (or OK). An input may be rejected, but only
+// with a clean Status: a known code other than Internal and a message that names the file.
+// Anything else (a crash, a sanitizer report, a broken invariant) aborts.
+#ifndef FERRY_TESTS_FUZZ_FUZZ_ENTRIES_HPP_
+#define FERRY_TESTS_FUZZ_FUZZ_ENTRIES_HPP_
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codec.hpp"
+#include "ferry/ferry.hpp"
+#include "ferry/loader.hpp"
+#include "format.hpp"
+#include "reader_impl.hpp"
+#include "safetensors.hpp"
+
+namespace ferry::fuzz {
+
+// Tensors larger than this are listed but not read: a footer may legitimately declare a
+// terabyte tensor of compressed chunks, and allocating it would only measure the allocator.
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kMaxTotalBytes = uint64_t{64} << 20;
+// Raw size cap of the chunk decompression target.
+inline constexpr uint32_t kMaxChunkBytes = uint32_t{4} << 20;
+
+[[noreturn]] inline void Broken(const char* what, const std::string& detail = {}) {
+  std::fprintf(stderr, "fuzz invariant broken: %s %s\n", what, detail.c_str());
+  std::abort();
+}
+
+inline void Expect(bool cond, const char* what, const std::string& detail = {}) {
+  if (!cond) Broken(what, detail);
+}
+
+// An error must be a user-facing one; Internal means a bug, and an unnamed file is useless to
+// whoever has to find the bad checkpoint among thousands.
+inline Status Clean(Status st, const std::string& path) {
+  if (st.ok()) return st;
+  Expect(st.code() != StatusCode::kInternal, "Internal status", st.ToString());
+  Expect(!st.message().empty(), "empty error message");
+  if (!path.empty()) {
+    Expect(st.message().find(path) != std::string::npos, "message does not name the file",
+           st.ToString());
+  }
+  return st;
+}
+
+inline uint64_t LoadU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// A fuzzer cannot forge XXH3: rewrite the trailer's footer checksum so mutated footers reach
+// the FlatBuffers verifier and the semantic checks behind it.
+inline void FixFooterChecksum(std::vector<uint8_t>& file) {
+  const uint64_t n = file.size();
+  if (n < format::kMagicSize + format::kTrailerSize) return;
+  uint64_t footer_size = LoadU64(file.data() + n - format::kTrailerSize);
+  uint64_t room = n - format::kTrailerSize - format::kMagicSize;
+  if (footer_size > room) return;
+  uint64_t sum = Checksum64(file.data() + n - format::kTrailerSize - footer_size, footer_size);
+  std::memcpy(file.data() + n - 16, &sum, 8);
+}
+
+// ---- footer: trailer, checksum, verifier and semantic validation --------------------------
+
+inline Status FooterOnce(const uint8_t* file, size_t size, const std::string& path) {
+  auto loc = LocateFooter(file, size, path);
+  if (!loc.ok()) return Clean(loc.status(), path);
+  Expect(loc->offset >= format::kMagicSize && loc->offset + loc->size <= size,
+         "footer location outside the file");
+  // As Reader::Open: the footer is parsed from an 8-byte aligned copy.
+  std::vector<uint64_t> copy((loc->size + 7) / 8);
+  std::memcpy(copy.data(), file + loc->offset, loc->size);
+  auto ck =
+      ParseFooter(reinterpret_cast<const uint8_t*>(copy.data()), loc->size, loc->offset, path);
+  if (!ck.ok()) return Clean(ck.status(), path);
+  // Everything validated must be readable without surprises.
+  const auto* tensors = (*ck)->tensors();
+  for (flatbuffers::uoffset_t i = 0; tensors && i < tensors->size(); ++i) {
+    const fb::Tensor* t = tensors->Get(i);
+    Expect(t->data_offset() + t->data_size() <= loc->offset, "tensor extent past data end");
+  }
+  return Status::Ok();
+}
+
+inline Status FuzzFooter(const uint8_t* data, size_t size) {
+  const std::string path = "fuzz-footer.ferry";
+  // The input as it is (exercises the checksum check), then with the checksum made right.
+  Status raw = FooterOnce(data, size, path);
+  std::vector<uint8_t> file(data, data + size);
+  FixFooterChecksum(file);
+  Status fixed = FooterOnce(file.data(), file.size(), path);
+  return fixed.ok() ? raw : fixed;
+}
+
+// ---- full host load: Reader::Open, View, ReadInto, ReadRowsInto, Verify, LoadToHost -------
+
+// A scratch file reused across inputs (a fuzzer runs millions of them).
+class ScratchFile {
+ public:
+  ScratchFile() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_fuzz_XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) Broken("mkdtemp");
+    dir_ = tmpl;
+    path_ = dir_ + "/input.ferry";
+  }
+  ~ScratchFile() {
+    ::unlink(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  // Replaces the file's contents (a fresh inode each time, as a new checkpoint would be).
+  const std::string& Write(const uint8_t* data, size_t size) {
+    ::unlink(path_.c_str());
+    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) Broken("open scratch file");
+    size_t done = 0;
+    while (done < size) {
+      ssize_t w = ::write(fd, data + done, size - done);
+      if (w <= 0) Broken("write scratch file");
+      done += static_cast<size_t>(w);
+    }
+    ::close(fd);
+    return path_;
+  }
+
+ private:
+  std::string dir_, path_;
+};
+
+inline Loader& HostLoader(IoMode io) {
+  auto make = [](IoMode mode) {
+    LoaderOptions o;
+    o.threads = 1;
+    o.io = mode;
+    o.verify = true;
+    o.chunk_bytes = 64 << 10;
+    o.staging_bytes = 128 << 10;
+    auto l = Loader::Create(o);
+    if (!l.ok()) Broken("Loader::Create", l.status().ToString());
+    return std::move(*l);
+  };
+  static std::unique_ptr<Loader> page = make(IoMode::kPageCache);
+  static std::unique_ptr<Loader> direct = make(IoMode::kDirect);
+  return io == IoMode::kDirect ? *direct : *page;
+}
+
+inline Status LoadFile(const std::string& path, IoMode io) {
+  auto opened = Reader::Open(path);
+  if (!opened.ok()) return Clean(opened.status(), path);
+  const Reader& r = **opened;
+  Status first;
+  auto note = [&](Status st) {
+    Clean(st, path);
+    if (first.ok()) first = std::move(st);
+  };
+  (void)r.metadata();
+  (void)r.quantized();
+  (void)r.scaling_states();
+  (void)r.producer();
+  std::vector<LoadRequest> requests;
+  std::vector<std::vector<uint8_t>> plain;
+  uint64_t total = 0;
+  for (size_t i = 0; i < r.num_tensors(); ++i) {
+    TensorInfo info = r.tensor(i);
+    auto found = r.Find(info.name);
+    Expect(found.ok() && found->index == i, "Find of a listed name", info.name);
+    if (info.nbytes > kMaxTensorBytes || total + info.nbytes > kMaxTotalBytes) continue;
+    total += info.nbytes;
+    // One spare byte keeps data() non-null and catches writes past the tensor.
+    std::vector<uint8_t> out(info.nbytes + 1, 0xA5), checked(info.nbytes + 1, 0x5A);
+    Status st = r.ReadInto(info.name, out.data(), info.nbytes);
+    Expect(out[info.nbytes] == 0xA5, "ReadInto wrote past the tensor", info.name);
+    note(st);
+    Status vst = r.ReadInto(info.name, checked.data(), info.nbytes, {true});
+    note(vst);
+    if (st.ok() && vst.ok()) {
+      Expect(std::memcmp(out.data(), checked.data(), info.nbytes) == 0,
+             "verified and unverified reads differ", info.name);
+    }
+    note(r.Verify(info.name));
+    if (info.encoding == Encoding::kRaw) {
+      auto view = r.View(info.name);
+      note(view.status());
+      if (view.ok() && st.ok() && info.nbytes > 0) {
+        Expect(std::memcmp(view->data, out.data(), info.nbytes) == 0, "view differs", info.name);
+      }
+    }
+    if (!info.shape.empty() && info.shape[0] > 1) {
+      int64_t rows = info.shape[0];
+      std::vector<uint8_t> part(info.nbytes + 1);
+      Status rst = r.ReadRowsInto(info.name, rows / 2, rows, part.data(), info.nbytes);
+      if (!rst.ok()) Clean(rst, path);  // odd packed FP4 rows are a legitimate refusal
+    }
+    if (st.ok()) {
+      plain.push_back(std::move(out));
+      requests.push_back(LoadRequest{info.name});
+    }
+  }
+  if (!requests.empty()) {
+    auto loaded = HostLoader(io).LoadToHost(r, requests);
+    note(loaded.status());
+    if (loaded.ok()) {
+      for (size_t k = 0; k < requests.size(); ++k) {
+        const LoadedTensor& t = (*loaded)[k];
+        Expect(t.info.name == requests[k].name && t.nbytes == plain[k].size() - 1,
+               "LoadToHost answered a different request", requests[k].name);
+        Expect(t.nbytes == 0 || std::memcmp(t.data, plain[k].data(), t.nbytes) == 0,
+               "LoadToHost differs from ReadInto", requests[k].name);
+      }
+    }
+  }
+  return first;
+}
+
+inline Status FuzzLoad(const uint8_t* data, size_t size) {
+  static ScratchFile scratch;
+  std::vector<uint8_t> file(data, data + size);
+  FixFooterChecksum(file);
+  const std::string& path = scratch.Write(file.data(), file.size());
+  // Direct I/O for a third of inputs (chosen by size, so each input always takes one path):
+  // it reads chunks into its own buffers, a different route to the same decoder.
+  return LoadFile(path, size % 3 == 0 ? IoMode::kDirect : IoMode::kPageCache);
+}
+
+// ---- chunk decompression and byte unshuffle ---------------------------------------------
+
+// Input: u8 element width, u32 raw size (capped), then one stored chunk (a zstd frame).
+inline Status FuzzChunk(const uint8_t* data, size_t size) {
+  if (size < 5) return Status::Ok();
+  const size_t width = data[0] % 10;  // 0..9: the shuffle's widths and some it must pass through
+  uint32_t raw;
+  std::memcpy(&raw, data + 1, 4);
+  raw %= kMaxChunkBytes + 1;
+  const uint8_t* src = data + 5;
+  const size_t n = size - 5;
+  // Exactly sized heap buffers, so any write past raw_size is an ASan report.
+  std::unique_ptr<uint8_t[]> dst(new uint8_t[raw + 1]);
+  std::unique_ptr<uint8_t[]> plain(new uint8_t[raw + 1]);
+  Status st = ZstdDecompressExact(src, n, dst.get(), raw);
+  if (!st.ok()) {
+    Clean(st, "");
+    Expect(st.code() == StatusCode::kDataLoss, "decompression error is not DataLoss",
+           st.ToString());
+    // Unshuffle whatever bytes there are: stored (uncompressed) chunks take this path.
+    size_t m = std::min<size_t>(n, raw);
+    Unshuffle(src, plain.get(), m, width);
+    std::unique_ptr<uint8_t[]> back(new uint8_t[m + 1]);
+    Shuffle(plain.get(), back.get(), m, width);
+    Expect(std::memcmp(back.get(), src, m) == 0, "shuffle does not invert unshuffle");
+    return st;
+  }
+  Unshuffle(dst.get(), plain.get(), raw, width);
+  std::unique_ptr<uint8_t[]> back(new uint8_t[raw + 1]);
+  Shuffle(plain.get(), back.get(), raw, width);
+  Expect(std::memcmp(back.get(), dst.get(), raw) == 0, "shuffle does not invert unshuffle");
+  // What decoded must survive a round trip through the writer's compressor.
+  std::vector<uint8_t> frame(CompressBound(raw));
+  auto csize = ZstdCompress(plain.get(), raw, frame.data(), frame.size(), 1);
+  Expect(csize.ok(), "compression failed", csize.status().ToString());
+  Status again = ZstdDecompressExact(frame.data(), *csize, back.get(), raw);
+  Expect(again.ok() && std::memcmp(back.get(), plain.get(), raw) == 0, "round trip differs");
+  return Status::Ok();
+}
+
+// ---- safetensors header -----------------------------------------------------------------
+
+inline Status FuzzSafetensors(const uint8_t* data, size_t size) {
+  const std::string path = "fuzz.safetensors";
+  (void)LooksLikeSafetensors(data, size);
+  std::vector<uint64_t> index;
+  auto index_size = ParseSafetensors(data, size, path, &index);
+  if (!index_size.ok()) return Clean(index_size.status(), path);
+  Expect(*index_size <= index.size() * 8, "index size past its buffer");
+  // As Reader::Open: the synthesized index passes the same validation as a footer.
+  FooterRules rules;
+  rules.checksums = false;
+  rules.alignment = 1;
+  auto ck =
+      ParseFooter(reinterpret_cast<const uint8_t*>(index.data()), *index_size, size, path, rules);
+  Expect(ck.ok(), "an accepted safetensors header gives an invalid index", ck.status().ToString());
+  return Status::Ok();
+}
+
+}  // namespace ferry::fuzz
+
+#endif  // FERRY_TESTS_FUZZ_FUZZ_ENTRIES_HPP_
