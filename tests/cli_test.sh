@@ -175,6 +175,43 @@ run unknown-dtype 1 "$FERRY" convert "$WORK/dtype.safetensors" "$WORK/d.ferry" &
 run bad-block-size 1 "$FERRY" convert "$ST" "$WORK/x.ferry" --block-size 3000 &&
   has "block_size 3000"
 
+# ---- FP8 descriptions travel through safetensors metadata ----------------------------------------
+# u64 little-endian.
+le64() {
+  local i
+  for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $((($1 >> (8 * i)) & 255)))"; done
+}
+# safetensors FILE HEADER DATA
+safetensors_file() {
+  { le64 ${#2}; printf '%s' "$2"; printf '%s' "$3"; } >"$1"
+}
+q='[{\"name\":\"w\",\"quantized_dtype\":\"F8_E4M3FN\",\"logical_dtype\":\"BF16\",\"shape\":[2,4],\"scaling_mode\":\"per-tensor\",\"rowwise\":{\"data\":\"w.fp8\",\"scale_inv\":\"w.scale_inv\",\"scale_layout\":\"row-major\",\"amax\":\"w.amax\"},\"columnwise\":null}]'
+sc='[{\"module\":\"layers.0.fc1\",\"recipe\":{\"type\":\"DelayedScaling\",\"margin\":1,\"fp8_format\":\"E4M3\",\"amax_history_len\":2,\"amax_compute_algo\":\"max\",\"reduce_amax\":true,\"fp8_dpa\":false,\"fp8_mha\":false},\"states\":[{\"direction\":\"forward\",\"num_gemms\":1,\"slot_roles\":[\"input\",\"weight\"],\"scale\":[0.5,\"inf\"],\"history_len\":2,\"amax_history\":[1.25,\"nan\",3e-38,-0.0]}]}]'
+hdr='{"__metadata__":{"step":"7","tensorferry.quantized":"'"$q"'","tensorferry.scaling":"'"$sc"'"},'
+hdr+='"w.amax":{"dtype":"F32","shape":[],"data_offsets":[0,4]},'
+hdr+='"w.scale_inv":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},'
+hdr+='"w.fp8":{"dtype":"F8_E4M3","shape":[2,4],"data_offsets":[8,16]}}'
+safetensors_file "$WORK/fp8.safetensors" "$hdr" "aaaabbbbcccccccc"
+run fp8-from-safetensors 0 "$FERRY" convert "$WORK/fp8.safetensors" "$WORK/fp8.ferry"
+run fp8-inspect 0 "$FERRY" inspect "$WORK/fp8.ferry" && has "quantized tensors (1)" &&
+  has "w: F8_E4M3FN -> BF16 [2, 4], per-tensor" &&
+  has "rowwise: data w.fp8, scale_inv w.scale_inv (row-major), amax w.amax" &&
+  has "layers.0.fc1: DelayedScaling(margin=1, fp8_format=E4M3" &&
+  has "scale [0.5, inf]" && has "current amax [1.25, nan]" && has "step = 7" &&
+  hasnt "tensorferry.quantized"
+run fp8-to-safetensors 0 "$FERRY" convert "$WORK/fp8.ferry" "$WORK/fp8-back.safetensors"
+run fp8-back-inspect 0 "$FERRY" inspect --json "$WORK/fp8-back.safetensors" &&
+  has '"tensorferry.quantized"' && has '"tensorferry.scaling"'
+run fp8-back-to-ferry 0 "$FERRY" convert "$WORK/fp8-back.safetensors" "$WORK/fp8-again.ferry"
+check fp8-round-trip
+same "$WORK/fp8.ferry" "$WORK/fp8-again.ferry"
+hdr='{"__metadata__":{"tensorferry.scaling":"[{\"module\":3}]"},'
+hdr+='"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+safetensors_file "$WORK/bad-fp8.safetensors" "$hdr" "xy"
+run fp8-bad-description 0 "$FERRY" convert "$WORK/bad-fp8.safetensors" "$WORK/bad-fp8.ferry" &&
+  has "warning" && has "'tensorferry.scaling' is kept as plain metadata" &&
+  has "scaling state: \"module\" is not a string"
+
 # ---- FP8 recipes, scaling state and quantized tensors (the golden v1 file) ----------------------
 if [ -f "$GOLDEN" ]; then
   run inspect-golden 0 "$FERRY" inspect "$GOLDEN" && has "quantized tensors" &&
@@ -185,7 +222,7 @@ if [ -f "$GOLDEN" ]; then
   run verify-golden 0 "$FERRY" verify "$GOLDEN" && has "OK"
   # Its NVFP4 weight holds an odd number of F4 elements: not whole bytes, so not safetensors.
   run golden-to-safetensors 1 "$FERRY" convert "$GOLDEN" "$WORK/golden.safetensors" &&
-    has "descriptions are dropped" && has "tensor 'nvfp4.weight' holds 15 F4 elements"
+    has "tensor 'nvfp4.weight' holds 15 F4 elements"
   check golden-no-output
   [ ! -e "$WORK/golden.safetensors" ] || fail "a failed convert left its output"
   run golden-to-ferry 0 "$FERRY" convert "$GOLDEN" "$WORK/golden.ferry" --encoding zstd

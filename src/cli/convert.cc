@@ -7,6 +7,7 @@
 #include <map>
 
 #include "cli.hpp"
+#include "fp8_json.hpp"
 #include "reader_impl.hpp"
 #include "safetensors.hpp"
 #include "util.hpp"
@@ -23,7 +24,59 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 struct Source {
   std::shared_ptr<Reader> reader;
   std::string path;
+  // What the file describes beyond its tensors. A safetensors file has no place for FP8
+  // descriptions but its metadata, where `ferry convert` puts them (kQuantizedKey,
+  // kScalingKey); they are taken back out of `metadata` here.
+  std::vector<QuantizedTensor> quantized;
+  std::vector<ScalingState> scaling;
+  std::vector<std::pair<std::string, std::string>> metadata;
 };
+
+// Fills a source's descriptions from its reader.
+void Describe(Source* s) {
+  const Reader& r = *s->reader;
+  s->metadata = r.metadata();
+  if (!r.impl().safetensors) {
+    s->quantized = r.quantized();
+    s->scaling = r.scaling_states();
+    return;
+  }
+  std::vector<std::pair<std::string, std::string>> rest;
+  for (auto& [key, value] : s->metadata) {
+    bool quantized = key == kQuantizedKey;
+    if (!quantized && key != kScalingKey) {
+      rest.emplace_back(std::move(key), std::move(value));
+      continue;
+    }
+    // A description that does not parse stays ordinary metadata, with a warning: the
+    // tensors still convert.
+    Json list = Json::parse(value, nullptr, false);
+    std::vector<QuantizedTensor> qs;
+    std::vector<ScalingState> ss;
+    Status st =
+        list.is_array() ? Status::Ok() : Status(StatusCode::kInvalidArgument, "not a JSON array");
+    for (size_t i = 0; st.ok() && i < list.size(); ++i) {
+      if (quantized) {
+        auto q = QuantizedFromJson(list[i]);
+        if (q.ok()) qs.push_back(std::move(*q));
+        st = q.status();
+      } else {
+        auto sc = ScalingFromJson(list[i]);
+        if (sc.ok()) ss.push_back(std::move(*sc));
+        st = sc.status();
+      }
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "ferry: warning: %s: metadata %s is kept as plain metadata: %s\n",
+                   s->path.c_str(), Quote(key).c_str(), st.message().c_str());
+      rest.emplace_back(std::move(key), std::move(value));
+      continue;
+    }
+    for (auto& q : qs) s->quantized.push_back(std::move(q));
+    for (auto& sc : ss) s->scaling.push_back(std::move(sc));
+  }
+  s->metadata = std::move(rest);
+}
 
 // One tensor to copy: source index and tensor index within it.
 struct Item {
@@ -39,6 +92,7 @@ Result<std::vector<Source>> OpenSources(const std::string& in) {
   if (!EndsWith(in, ".json")) {
     FERRY_ASSIGN_OR_RETURN(auto reader, Reader::Open(in));
     sources.push_back(Source{std::move(reader), in});
+    Describe(&sources.back());
     return sources;
   }
   FERRY_ASSIGN_OR_RETURN(SafetensorsIndex index, ReadSafetensorsIndex(in));
@@ -51,6 +105,7 @@ Result<std::vector<Source>> OpenSources(const std::string& in) {
       return Status(reader.status().code(), StrCat(in, ": shard: ", reader.status().message()));
     }
     sources.push_back(Source{std::move(*reader), shard});
+    Describe(&sources.back());
   }
   for (const auto& [name, k] : index.weight_map) {
     if (!sources[k].reader->Find(name).ok()) {
@@ -107,7 +162,7 @@ Result<std::vector<Item>> CollectItems(const std::vector<Source>& sources) {
 std::vector<std::pair<std::string, std::string>> MergeMetadata(const std::vector<Source>& sources) {
   std::map<std::string, std::pair<std::string, size_t>> merged;
   for (size_t k = 0; k < sources.size(); ++k) {
-    for (auto& [key, value] : sources[k].reader->metadata()) {
+    for (const auto& [key, value] : sources[k].metadata) {
       auto [it, fresh] = merged.emplace(key, std::make_pair(value, k));
       if (!fresh && it->second.first != value) {
         std::fprintf(stderr,
@@ -142,10 +197,10 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
         writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, wo.encoding));
   }
   for (const Source& s : sources) {
-    for (const QuantizedTensor& q : s.reader->quantized()) {
+    for (const QuantizedTensor& q : s.quantized) {
       FERRY_RETURN_IF_ERROR(writer.AddQuantized(q));
     }
-    for (const ScalingState& st : s.reader->scaling_states()) {
+    for (const ScalingState& st : s.scaling) {
       FERRY_RETURN_IF_ERROR(writer.AddScalingState(st));
     }
   }
@@ -170,20 +225,17 @@ Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>
     entries.push_back(SafetensorsEntry{info.name, info.dtype, info.shape});
   }
   SortSafetensorsEntries(&entries);
-  size_t nquant = 0, nscaling = 0;
+  // FP8 descriptions travel in the metadata, so converting back restores them.
+  auto metadata = MergeMetadata(sources);
+  Json quantized = Json::array(), scaling = Json::array();
   for (const Source& s : sources) {
-    nquant += s.reader->quantized().size();
-    nscaling += s.reader->scaling_states().size();
+    for (const QuantizedTensor& q : s.quantized) quantized.push_back(QuantizedJson(q));
+    for (const ScalingState& st : s.scaling) scaling.push_back(ScalingJson(st));
   }
-  if (nquant + nscaling > 0) {
-    std::fprintf(stderr,
-                 "ferry: warning: safetensors has no place for %zu quantized-tensor "
-                 "descriptions and %zu FP8 scaling states; their component tensors are "
-                 "written, the descriptions are dropped\n",
-                 nquant, nscaling);
-  }
+  if (!quantized.empty()) metadata.emplace_back(kQuantizedKey, quantized.dump());
+  if (!scaling.empty()) metadata.emplace_back(kScalingKey, scaling.dump());
   FERRY_ASSIGN_OR_RETURN(SafetensorsWriter writer,
-                         SafetensorsWriter::Create(out, entries, MergeMetadata(sources)));
+                         SafetensorsWriter::Create(out, entries, metadata));
   constexpr uint64_t kPiece = uint64_t{16} << 20;
   std::vector<uint8_t> buf;
   for (const SafetensorsEntry& e : entries) {

@@ -5,124 +5,13 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "fp8_json.hpp"
 #include "reader_impl.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
 
 namespace {
-
-using Json = nlohmann::ordered_json;
-
-const char* Fp8FormatName(Fp8Format f) {
-  switch (f) {
-    case Fp8Format::kE4M3:
-      return "E4M3";
-    case Fp8Format::kE5M2:
-      return "E5M2";
-    case Fp8Format::kHybrid:
-      return "HYBRID";
-  }
-  return "?";
-}
-
-const char* ScalingModeName(ScalingMode m) {
-  switch (m) {
-    case ScalingMode::kPerTensor:
-      return "per-tensor";
-    case ScalingMode::kMxfp8_1x32:
-      return "mxfp8-1x32";
-    case ScalingMode::kBlock_1x128:
-      return "block-1x128";
-    case ScalingMode::kBlock_128x128:
-      return "block-128x128";
-    case ScalingMode::kNvfp4_1x16:
-      return "nvfp4-1x16";
-  }
-  return "?";
-}
-
-const char* SlotRoleName(SlotRole r) {
-  switch (r) {
-    case SlotRole::kInput:
-      return "input";
-    case SlotRole::kWeight:
-      return "weight";
-    case SlotRole::kOutput:
-      return "output";
-    case SlotRole::kGradOutput:
-      return "grad_output";
-    case SlotRole::kGradInput:
-      return "grad_input";
-  }
-  return "?";
-}
-
-const char* DirectionName(Direction d) { return d == Direction::kForward ? "forward" : "backward"; }
-
-// The recipe as a JSON object: {"type": "DelayedScaling", field: value, ...}.
-Json RecipeJson(const Recipe& recipe) {
-  Json j = Json::object();
-  std::visit(
-      [&](const auto& r) {
-        using T = std::decay_t<decltype(r)>;
-        if constexpr (std::is_same_v<T, std::monostate>) {
-          j["type"] = "none";
-        } else if constexpr (std::is_same_v<T, DelayedScaling>) {
-          j["type"] = "DelayedScaling";
-          j["margin"] = r.margin;
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-          j["amax_history_len"] = r.amax_history_len;
-          j["amax_compute_algo"] =
-              r.amax_compute_algo == AmaxComputeAlgo::kMax ? "max" : "most_recent";
-          j["reduce_amax"] = r.reduce_amax;
-          j["fp8_dpa"] = r.fp8_dpa;
-          j["fp8_mha"] = r.fp8_mha;
-        } else if constexpr (std::is_same_v<T, Float8CurrentScaling>) {
-          j["type"] = "Float8CurrentScaling";
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-          j["fp8_dpa"] = r.fp8_dpa;
-          j["fp8_mha"] = r.fp8_mha;
-        } else if constexpr (std::is_same_v<T, MXFP8BlockScaling>) {
-          j["type"] = "MXFP8BlockScaling";
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-        } else if constexpr (std::is_same_v<T, Float8BlockScaling>) {
-          j["type"] = "Float8BlockScaling";
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-          j["x_block_scaling_dim"] = r.x_block_scaling_dim;
-          j["w_block_scaling_dim"] = r.w_block_scaling_dim;
-          j["grad_block_scaling_dim"] = r.grad_block_scaling_dim;
-        } else if constexpr (std::is_same_v<T, NVFP4BlockScaling>) {
-          j["type"] = "NVFP4BlockScaling";
-          j["disable_rht"] = r.disable_rht;
-          j["disable_stochastic_rounding"] = r.disable_stochastic_rounding;
-          j["disable_2d_quantization"] = r.disable_2d_quantization;
-        } else if constexpr (std::is_same_v<T, CustomRecipe>) {
-          j["type"] = "CustomRecipe";
-          j["name"] = r.name;
-          j["qfactory"] = r.qfactory;
-        }
-      },
-      recipe);
-  return j;
-}
-
-// "DelayedScaling(margin=0, fp8_format=HYBRID, ...)" from the JSON form, so the two outputs
-// cannot disagree.
-std::string RecipeText(const Recipe& recipe) {
-  Json j = RecipeJson(recipe);
-  std::string out = j["type"].get<std::string>();
-  if (j.size() == 1) return out;
-  out += "(";
-  bool first = true;
-  for (const auto& [k, v] : j.items()) {
-    if (k == "type") continue;
-    if (!first) out += ", ";
-    first = false;
-    out += k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
-  }
-  return out + ")";
-}
 
 std::string Floats(const float* v, size_t n, size_t limit = 8) {
   std::ostringstream out;
@@ -131,16 +20,6 @@ std::string Floats(const float* v, size_t n, size_t limit = 8) {
   if (n > limit) out << ", ... (" << n << ")";
   out << "]";
   return out.str();
-}
-
-Json ComponentJson(const std::optional<QuantizedComponent>& c) {
-  if (!c) return nullptr;
-  Json j = Json::object();
-  j["data"] = c->data;
-  j["scale_inv"] = c->scale_inv.empty() ? Json(nullptr) : Json(c->scale_inv);
-  j["scale_layout"] = c->scale_layout == ScaleLayout::kRowMajor ? "row-major" : "swizzled";
-  j["amax"] = c->amax.empty() ? Json(nullptr) : Json(c->amax);
-  return j;
 }
 
 std::string ComponentText(const QuantizedComponent& c) {
@@ -212,39 +91,10 @@ int RunInspect(const InspectOptions& options) {
     }
     j["tensors"] = std::move(jt);
     Json jq = Json::array();
-    for (const QuantizedTensor& q : quantized) {
-      Json e = Json::object();
-      e["name"] = q.name;
-      e["quantized_dtype"] = DTypeName(q.quantized_dtype);
-      e["logical_dtype"] = DTypeName(q.logical_dtype);
-      e["shape"] = q.shape;
-      e["scaling_mode"] = ScalingModeName(q.scaling_mode);
-      e["rowwise"] = ComponentJson(q.rowwise);
-      e["columnwise"] = ComponentJson(q.columnwise);
-      jq.push_back(std::move(e));
-    }
+    for (const QuantizedTensor& q : quantized) jq.push_back(QuantizedJson(q));
     j["quantized"] = std::move(jq);
     Json js = Json::array();
-    for (const ScalingState& s : scaling) {
-      Json e = Json::object();
-      e["module"] = s.module;
-      e["recipe"] = RecipeJson(s.recipe);
-      Json states = Json::array();
-      for (const DirectionState& d : s.states) {
-        Json ds = Json::object();
-        ds["direction"] = DirectionName(d.direction);
-        ds["num_gemms"] = d.num_gemms;
-        Json roles = Json::array();
-        for (SlotRole r : d.slot_roles) roles.push_back(SlotRoleName(r));
-        ds["slot_roles"] = std::move(roles);
-        ds["scale"] = d.scale;
-        ds["history_len"] = d.history_len;
-        ds["amax_history"] = d.amax_history;
-        states.push_back(std::move(ds));
-      }
-      e["states"] = std::move(states);
-      js.push_back(std::move(e));
-    }
+    for (const ScalingState& s : scaling) js.push_back(ScalingJson(s));
     j["scaling"] = std::move(js);
     Json jm = Json::object();
     for (const auto& [k, v] : metadata) jm[k] = v;
@@ -316,7 +166,7 @@ int RunInspect(const InspectOptions& options) {
   }
 
   if (!scaling.empty()) {
-    std::printf("\nscaling state (%zu modules)\n", scaling.size());
+    std::printf("\nscaling state (%zu module%s)\n", scaling.size(), scaling.size() == 1 ? "" : "s");
     for (const ScalingState& s : scaling) {
       std::printf("  %s: %s\n", s.module.c_str(), RecipeText(s.recipe).c_str());
       if (s.states.empty()) std::printf("    (stateless)\n");

@@ -315,3 +315,54 @@ def test_malformed_headers_get_clear_errors(tmp_path, case, image, messages):
     # The reference library refuses these files too.
     with pytest.raises(Exception):
         safetensors.numpy.load_file(str(path))
+
+
+def _same_state(a, b):
+    assert sorted(a) == sorted(b)
+    for module in a:
+        assert a[module]["recipe"] == b[module]["recipe"], module
+        assert len(a[module]["states"]) == len(b[module]["states"]), module
+        for x, y in zip(a[module]["states"], b[module]["states"]):
+            for key in x:
+                if isinstance(x[key], np.ndarray):
+                    np.testing.assert_array_equal(x[key], y[key])  # NaN equals NaN here
+                    assert x[key].tobytes() == y[key].tobytes(), (module, key)
+                else:
+                    assert x[key] == y[key], (module, key)
+
+
+@needs_ferry
+def test_fp8_scaling_state_survives_a_trip_through_safetensors(tmp_path):
+    tf = _tensorferry()
+    state = {
+        "layers.0.mlp.fc1": {
+            "recipe": {"type": "DelayedScaling", "margin": 1, "fp8_format": "HYBRID",
+                       "amax_history_len": 3, "amax_compute_algo": "most_recent",
+                       "reduce_amax": False, "fp8_dpa": True, "fp8_mha": False},
+            "states": [
+                {"direction": "forward", "num_gemms": 1,
+                 "slot_roles": ["input", "weight", "output"],
+                 "scale": np.array([1.0, 0.1, np.inf], np.float32),
+                 "amax_history": np.array([[0.5, np.nan, 3.0], [1e-38, -0.0, 2.0],
+                                           [7.0, 8.0, 9.0]], np.float32)},
+                {"direction": "backward", "num_gemms": 1,
+                 "slot_roles": ["grad_output", "grad_input"],
+                 "scale": np.array([0.25, 4.0], np.float32),
+                 "amax_history": np.zeros((3, 2), np.float32)},
+            ],
+        },
+        "layers.1.mlp.fc1": {"recipe": {"type": "MXFP8BlockScaling", "fp8_format": "E4M3"},
+                             "states": []},
+    }
+    src = tmp_path / "fp8.ferry"
+    tf.save_file({"w": np.arange(8, dtype=np.float32)}, str(src), scaling_state=state)
+    via = tmp_path / "fp8.safetensors"
+    ferry("convert", src, via)
+    with safetensors.safe_open(str(via), framework="numpy") as f:
+        assert "tensorferry.scaling" in f.metadata()
+        assert f.get_tensor("w").tolist() == list(range(8))
+    back = tmp_path / "back.ferry"
+    ferry("convert", via, back)
+    _same_state(tf.read_scaling_state(str(src)), tf.read_scaling_state(str(back)))
+    assert tf.read_metadata(str(back)) == {}
+    assert src.read_bytes() == back.read_bytes()

@@ -1,0 +1,43 @@
+// FP8/FP4 descriptions (quantized tensors, recipes, scaling state) as JSON: what
+// `ferry inspect --json` prints, and how `ferry convert` carries them through a safetensors
+// file's "__metadata__" so that ferry -> safetensors -> ferry loses nothing.
+#ifndef FERRY_SRC_CLI_FP8_JSON_HPP_
+#define FERRY_SRC_CLI_FP8_JSON_HPP_
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::cli {
+
+using Json = nlohmann::ordered_json;
+
+// __metadata__ keys of a safetensors file written by `ferry convert`: each holds a JSON array
+// of QuantizedJson / ScalingJson objects.
+inline constexpr char kQuantizedKey[] = "tensorferry.quantized";
+inline constexpr char kScalingKey[] = "tensorferry.scaling";
+
+const char* Fp8FormatName(Fp8Format f);
+const char* ScalingModeName(ScalingMode m);
+const char* SlotRoleName(SlotRole r);
+const char* DirectionName(Direction d);
+
+// {"type": "DelayedScaling", field: value, ...}; {"type": "none"} for no recipe.
+Json RecipeJson(const Recipe& recipe);
+// "DelayedScaling(margin=0, fp8_format=HYBRID, ...)", from RecipeJson.
+std::string RecipeText(const Recipe& recipe);
+Json QuantizedJson(const QuantizedTensor& q);
+// Floats are exact (a float survives the trip through double); NaN and infinities, which JSON
+// lacks, are the strings "nan", "inf" and "-inf".
+Json ScalingJson(const ScalingState& s);
+
+// Inverses of QuantizedJson and ScalingJson. InvalidArgument, naming the field, for anything
+// they would not have produced.
+Result<QuantizedTensor> QuantizedFromJson(const Json& j);
+Result<ScalingState> ScalingFromJson(const Json& j);
+
+}  // namespace ferry::cli
+
+#endif  // FERRY_SRC_CLI_FP8_JSON_HPP_
