@@ -453,6 +453,9 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     bool monotonic = true;
   };
   std::vector<SliceResult> results(slices);
+  // Each tensor's extent, filled by index in phase two: the overlap check then walks this
+  // compact array in file order instead of chasing tables across the footer.
+  std::vector<std::pair<uint64_t, uint64_t>> ext(n);
   auto slice_begin = [&](size_t k) { return n * k / slices; };
   auto run_slices = [&](const std::function<void(size_t)>& fn) {
     if (slices == 1) {
@@ -491,6 +494,7 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       r.status = v.CheckName(Sv(t->name()), prev, i == 0, "tensor", i);
       if (r.status.ok()) r.status = v.CheckTensor(t, i, data_end);
       if (!r.status.ok()) return;
+      ext[i] = {t->data_offset(), t->data_offset() + t->data_size()};
       if (t->data_size() == 0) continue;
       ++r.nonempty;
       if (t->data_offset() < last_end) r.monotonic = false;
@@ -512,25 +516,22 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     uint64_t prev_end = 0;
     for (uint32_t idx : *order) {
       if (idx >= n) return v.Fail(StrCat("data_order names tensor #", idx, " of ", n));
-      const fb::Tensor* t = tensors->Get(idx);
-      if (t->data_size() == 0) {
+      if (ext[idx].first == ext[idx].second) {
         return v.Fail(StrCat("data_order names tensor #", idx, ", which has no data"));
       }
-      if (t->data_offset() < prev_end) {
+      if (ext[idx].first < prev_end) {
         return v.Fail(StrCat("tensor data extents overlap (or data_order is unsorted) at offset ",
-                             t->data_offset()));
+                             ext[idx].first));
       }
-      prev_end = t->data_offset() + t->data_size();
+      prev_end = ext[idx].second;
     }
   } else {
     bool monotonic = true;
     for (const SliceResult& r : results) monotonic = monotonic && r.monotonic;
     std::vector<std::pair<uint64_t, uint64_t>> extents;
     extents.reserve(nonempty);
-    for (size_t i = 0; i < n; ++i) {
-      const fb::Tensor* t = tensors->Get(static_cast<flatbuffers::uoffset_t>(i));
-      if (t->data_size() > 0)
-        extents.emplace_back(t->data_offset(), t->data_offset() + t->data_size());
+    for (const auto& e : ext) {
+      if (e.first != e.second) extents.push_back(e);
     }
     // Slices were each in order; the whole list is in order only if slice ends line up too.
     for (size_t i = 1; monotonic && i < extents.size(); ++i) {
@@ -759,10 +760,11 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
   }
   // The index is copied out of the mapping: a file truncated or rewritten after open must not
   // turn every later lookup into a SIGBUS. Data reads still go through the mapping (or O_DIRECT).
-  impl->footer_copy.resize((loc.size + 7) / 8);
-  std::memcpy(impl->footer_copy.data(), base + loc.offset, loc.size);
+  // Not value-initialised: zero-filling a large index first would double the cost of the copy.
+  impl->footer_copy.reset(new uint64_t[(loc.size + 7) / 8]);
+  std::memcpy(impl->footer_copy.get(), base + loc.offset, loc.size);
   FERRY_ASSIGN_OR_RETURN(impl->checkpoint,
-                         ParseFooter(reinterpret_cast<const uint8_t*>(impl->footer_copy.data()),
+                         ParseFooter(reinterpret_cast<const uint8_t*>(impl->footer_copy.get()),
                                      loc.size, loc.offset, path));
   std::shared_ptr<Reader> reader(new Reader(std::move(impl)));
   if (options.verify_on_open) FERRY_RETURN_IF_ERROR(reader->VerifyAll());

@@ -43,7 +43,7 @@ class Reader::Impl {
   const fb::Checkpoint* checkpoint = nullptr;
   // Our own files: `checkpoint` points into this copy of the footer (8-byte aligned), so a
   // file truncated after open cannot fault on index lookups.
-  std::vector<uint64_t> footer_copy;
+  std::unique_ptr<uint64_t[]> footer_copy;
   // A .safetensors file: `checkpoint` points into `synthesized`, an index built from its JSON
   // header, and there are no checksums, so verification has nothing to check.
   bool safetensors = false;
