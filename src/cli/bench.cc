@@ -339,9 +339,13 @@ int RunBench(const BenchOptions& options) {
   lo.threads = options.threads;
   lo.chunk_bytes = static_cast<uint64_t>(options.chunk_mib) << 20;
   lo.staging_bytes = static_cast<uint64_t>(options.staging_mib) << 20;
-  lo.host_path = options.path == "staging"    ? HostPath::kStaging
-                 : options.path == "register" ? HostPath::kRegister
-                                              : HostPath::kAuto;
+  lo.host_path = options.path == "staging"            ? HostPath::kStaging
+                 : options.path == "register"         ? HostPath::kRegister
+                 : options.path == "register-windows" ? HostPath::kRegisterWindows
+                                                      : HostPath::kAuto;
+  lo.io = options.io == "page-cache" ? IoMode::kPageCache
+          : options.io == "direct"   ? IoMode::kDirect
+                                     : IoMode::kAuto;
   lo.verify = options.verify;
   int threads =
       options.threads > 0
@@ -412,9 +416,9 @@ int RunBench(const BenchOptions& options) {
   std::printf("checkpoint  %s (%s, %zu tensors%s)\n", path.c_str(), HumanBytes(bytes).c_str(),
               reader.num_tensors(), generated_desc.c_str());
   std::printf("target      %s\n", target.c_str());
-  std::printf("loader      threads %d, chunk %d MiB, staging %d MiB, path %s%s, %s\n", threads,
-              options.chunk_mib, options.staging_mib, options.path.c_str(),
-              options.verify ? ", verifying checksums" : "",
+  std::printf("loader      threads %d, chunk %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
+              threads, options.chunk_mib, options.staging_mib, options.path.c_str(),
+              options.io.c_str(), options.verify ? ", verifying checksums" : "",
               options.prealloc ? "into preallocated buffers" : "the loader allocates");
   std::fflush(stdout);
 
@@ -440,6 +444,7 @@ int RunBench(const BenchOptions& options) {
                 HumanBytes(stats.pinned_bytes).c_str(),
                 stats.used_register ? "registered page cache" : "staging ring");
   }
+  if (stats.used_direct_io) std::printf(", O_DIRECT reads");
   std::printf(")\n");
 
   double ceiling_secs = 0;
@@ -463,6 +468,11 @@ int RunBench(const BenchOptions& options) {
   std::printf("ceiling     %s  %s\n", Rate(bytes, ceiling_secs).c_str(), ceiling_desc.c_str());
   std::printf("ratio       %.2f of the ceiling (best run %.2f)\n", ceiling_secs / median,
               ceiling_secs / best);
+  if (stats.used_direct_io) {
+    std::printf(
+        "note        the loads read with O_DIRECT, so the disk bounds them, not the "
+        "ceiling above\n");
+  }
   if (options.keep && !options.generate.empty()) std::printf("kept        %s\n", path.c_str());
   return kExitOk;
 }

@@ -48,6 +48,7 @@ struct BenchOptions {
   int chunk_mib = 4;
   int staging_mib = 64;
   std::string path = "auto";
+  std::string io = "auto";
   int repeat = 5;
   int device = -1;
   bool verify = false;

@@ -74,7 +74,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65536));
   bench_cmd->add_option("--path", bench.path, "host path to the GPU")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "staging", "register"}));
+      ->check(CLI::IsMember({"auto", "staging", "register", "register-windows"}));
+  bench_cmd
+      ->add_option("--io", bench.io,
+                   "how bytes leave the file: page-cache (the mapping), direct (O_DIRECT), or "
+                   "auto (by page-cache residency)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "page-cache", "direct"}));
   bench_cmd->add_option("--repeat", bench.repeat, "timed loads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
