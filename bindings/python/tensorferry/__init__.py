@@ -342,6 +342,23 @@ def _torch_empty(torch, dtype, shape, nbytes, device):
     return torch.empty(tuple(shape), dtype=tdt, device=device)
 
 
+def _torch_view(torch, flat, offset, dtype, shape, nbytes):
+    """A tensor of `dtype` and `shape` over bytes [offset, offset + nbytes) of `flat`, as
+    _torch_empty would allocate it; None where no such view exists."""
+    tdt = _dtypes.to_torch(dtype)
+    raw = flat.narrow(0, offset, nbytes)
+    try:
+        if dtype == "F4_E2M1FN":
+            if tdt is not None and shape and shape[-1] % 2 == 0:
+                return raw.view(tdt).reshape(tuple(shape[:-1]) + (shape[-1] // 2,))
+            return raw
+        if tdt is None:
+            return raw
+        return raw.view(tdt).reshape(tuple(shape))
+    except RuntimeError:
+        return None
+
+
 def _torch_host(reader, name, rows=None, verify=False):
     torch = _torch()
     info = reader.info(name)
@@ -402,10 +419,24 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
         with torch.cuda.stream(stream):
             outs = []
             targets = []
-            for name, rows in items:
-                info = reader.info(name)
-                shape, nbytes = reader.region(name, rows)
-                t = _torch_empty(torch, info.dtype, shape, nbytes, torch.device("cuda", index))
+            dev = torch.device("cuda", index)
+            plan = [(name, rows, reader.info(name).dtype) + tuple(reader.region(name, rows))
+                    for name, rows in items]
+            # Many tensors share one allocation, carved into 256-byte-aligned views: one trip
+            # to the allocator instead of one per tensor (fresh device memory is costly to
+            # map, and a checkpoint can hold thousands of tensors).
+            flat = None
+            if len(plan) > 1:
+                total = sum((nb + 255) // 256 * 256 for _, _, _, _, nb in plan)
+                flat = torch.empty(total, dtype=torch.uint8, device=dev)
+            at = 0
+            for name, rows, dtype, shape, nbytes in plan:
+                t = None
+                if flat is not None:
+                    t = _torch_view(torch, flat, at, dtype, shape, nbytes)
+                    at += (nbytes + 255) // 256 * 256
+                if t is None:
+                    t = _torch_empty(torch, dtype, shape, nbytes, dev)
                 outs.append(t)
                 if nbytes:
                     targets.append((name, rows, t, nbytes))
