@@ -416,8 +416,10 @@ int RunBench(const BenchOptions& options) {
   std::printf("checkpoint  %s (%s, %zu tensors%s)\n", path.c_str(), HumanBytes(bytes).c_str(),
               reader.num_tensors(), generated_desc.c_str());
   std::printf("target      %s\n", target.c_str());
-  std::printf("loader      threads %d, chunk %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
-              threads, options.chunk_mib, options.staging_mib, options.path.c_str(),
+  std::string threads_desc =
+      options.threads > 0 ? std::to_string(options.threads) : std::string("auto");
+  std::printf("loader      threads %s, chunk %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
+              threads_desc.c_str(), options.chunk_mib, options.staging_mib, options.path.c_str(),
               options.io.c_str(), options.verify ? ", verifying checksums" : "",
               options.prealloc ? "into preallocated buffers" : "the loader allocates");
   std::fflush(stdout);
