@@ -74,6 +74,8 @@ struct TensorSpec {
   // Place the vector's elements 4 bytes off 8-byte alignment (the builder never does).
   bool misalign_shape = false;
   bool misalign_checksums = false;
+  std::optional<std::vector<int64_t>> global_shape;
+  std::optional<std::vector<int64_t>> shard_offset;
 };
 
 struct QuantSpec {
@@ -110,6 +112,7 @@ struct FileSpec {
   std::vector<std::pair<std::string, std::string>> metadata;
   uint32_t format_version = 1;
   uint8_t checksum_algo = 0;
+  std::optional<std::vector<uint32_t>> data_order;
 
   TensorSpec& tensor(const std::string& name) {
     for (auto& t : tensors) {
@@ -171,9 +174,11 @@ std::vector<uint8_t> BuildFooter(const FileSpec& spec) {
           t.misalign_checksums ? MisalignedVector(b, *t.checksums) : b.CreateVector(*t.checksums);
     }
     auto chunks = t.chunks ? b.CreateVectorOfStructs(*t.chunks) : 0;
+    auto global = t.global_shape ? b.CreateVector(*t.global_shape) : 0;
+    auto offset = t.shard_offset ? b.CreateVector(*t.shard_offset) : 0;
     tensors.push_back(fb::CreateTensor(
         b, name, static_cast<fb::DType>(t.dtype), shape, t.data_offset, t.data_size, t.nbytes,
-        static_cast<fb::Encoding>(t.encoding), t.block_size, sums, chunks));
+        static_cast<fb::Encoding>(t.encoding), t.block_size, sums, chunks, global, offset));
   }
   auto tvec = b.CreateVector(tensors);
   std::vector<flatbuffers::Offset<fb::QuantizedTensor>> quantized;
@@ -216,9 +221,10 @@ std::vector<uint8_t> BuildFooter(const FileSpec& spec) {
   }
   auto mvec = b.CreateVector(metadata);
   auto producer = b.CreateString("corruption_test");
+  auto order = spec.data_order ? b.CreateVector(*spec.data_order) : 0;
   auto root = fb::CreateCheckpoint(b, spec.format_version, producer,
                                    static_cast<fb::ChecksumAlgo>(spec.checksum_algo), tvec, qvec,
-                                   svec, mvec);
+                                   svec, mvec, order);
   fb::FinishCheckpointBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -412,6 +418,69 @@ TEST_F(CorruptionTest, OverlappingTensors) {
   spec = BaselineSpec();
   spec.tensor("b").data_offset = 8192 + 8;
   ExpectRejected(spec, "tensor #1 'b': data offset 8200 is not 64-byte aligned");
+}
+
+// data_order lets a reader check overlaps in one pass; a hostile one must not let overlapping
+// or missing extents through. Baseline tensors with data: a (#0), b (#1), c (#2), in file order.
+TEST_F(CorruptionTest, HostileDataOrder) {
+  FileSpec spec = BaselineSpec();
+  spec.data_order = std::vector<uint32_t>{0, 1, 2};
+  {
+    auto r = OpenBytes(Assemble(spec));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE((*r)->VerifyAll().ok());
+  }
+  spec.data_order = std::vector<uint32_t>{0, 2, 1};
+  ExpectRejected(spec, "tensor data extents overlap (or data_order is unsorted) at offset 8192");
+  spec.data_order = std::vector<uint32_t>{0, 0, 1};
+  ExpectRejected(spec, "overlap (or data_order is unsorted) at offset 4096");
+  spec.data_order = std::vector<uint32_t>{0, 1};
+  ExpectRejected(spec, "data_order has 2 entries for 3 tensors with data");
+  spec.data_order = std::vector<uint32_t>{0, 1, 2, 3};
+  ExpectRejected(spec, "data_order has 4 entries for 3 tensors with data");
+  spec.data_order = std::vector<uint32_t>{0, 1, 7};
+  ExpectRejected(spec, "data_order names tensor #7 of 4");
+  spec.data_order = std::vector<uint32_t>{0, 1, 0xFFFFFFFFu};
+  ExpectRejected(spec, "data_order names tensor #4294967295 of 4");
+  spec.data_order = std::vector<uint32_t>{0, 1, 3};
+  ExpectRejected(spec, "data_order names tensor #3, which has no data");
+  // A correct order does not excuse an overlap.
+  spec = BaselineSpec();
+  spec.tensor("b").data_offset = 4096 + 4032;
+  spec.data_order = std::vector<uint32_t>{0, 1, 2};
+  ExpectRejected(spec, "overlap (or data_order is unsorted) at offset 8128");
+}
+
+TEST_F(CorruptionTest, HostileGlobalSlice) {
+  FileSpec spec = BaselineSpec();
+  spec.tensor("b").global_shape = std::vector<int64_t>{64};
+  spec.tensor("b").shard_offset = std::vector<int64_t>{48};
+  {
+    auto r = OpenBytes(Assemble(spec));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ((*r)->Find("b")->global_shape, std::vector<int64_t>{64});
+    EXPECT_EQ((*r)->Find("b")->shard_offset, std::vector<int64_t>{48});
+  }
+  spec.tensor("b").shard_offset = std::vector<int64_t>{49};
+  ExpectRejected(spec,
+                 "tensor #1 'b': slice dim 0 at offset 49 of extent 16 does not fit the global "
+                 "extent 64");
+  spec.tensor("b").shard_offset = std::vector<int64_t>{-1};
+  ExpectRejected(spec, "slice dim 0 at offset -1");
+  spec.tensor("b").shard_offset = std::vector<int64_t>{INT64_MAX};
+  ExpectRejected(spec, "does not fit the global extent");
+  spec.tensor("b").global_shape = std::vector<int64_t>{8};  // smaller than the slice itself
+  spec.tensor("b").shard_offset = std::vector<int64_t>{0};
+  ExpectRejected(spec, "of extent 16 does not fit the global extent 8");
+  spec.tensor("b").global_shape = std::vector<int64_t>{-64};
+  ExpectRejected(spec, "tensor #1 'b': negative dim 0 (-64)");
+  spec.tensor("b").global_shape = std::vector<int64_t>{64, 1};
+  ExpectRejected(spec, "1 dims, but global_shape has 2 and shard_offset 1");
+  spec.tensor("b").global_shape.reset();
+  ExpectRejected(spec, "tensor #1 'b': has shard_offset without global_shape");
+  spec.tensor("b").global_shape = std::vector<int64_t>{64};
+  spec.tensor("b").shard_offset.reset();
+  ExpectRejected(spec, "has global_shape without shard_offset");
 }
 
 TEST_F(CorruptionTest, UnsortedOrDuplicateNames) {
