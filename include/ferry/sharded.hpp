@@ -1,0 +1,87 @@
+// Sharded checkpoints: one logical checkpoint stored as several files plus a JSON index.
+//
+// Index format ("<name>.ferry.index.json", the layout of safetensors'
+// model.safetensors.index.json):
+//
+//   {
+//     "metadata": {"total_size": 16106127360, "step": "1000"},
+//     "weight_map": {"embed.weight": "model-00001-of-00002.ferry",
+//                    "layers.0.attn.q.weight": "model-00001-of-00002.ferry", ...}
+//   }
+//
+// - "weight_map" maps every tensor name to the file holding it, relative to the index's
+//   directory (no absolute paths, no ".." components). Every tensor of every listed file appears
+//   exactly once. Files may be TensorFerry or safetensors files (whatever Reader::Open accepts),
+//   so an existing model.safetensors.index.json opens as it is.
+// - "metadata" is optional; string values are kept as they are, other JSON values as their JSON
+//   text. WriteShardIndex records "total_size" (the sum of raw tensor bytes) like safetensors.
+// - Like the files themselves, the index stores no device, rank or placement. Tensor-parallel
+//   slices carry their global shape and offset in the file (TensorInfo::global_shape).
+//
+// Handles and threads: a ShardedCheckpoint is shared (std::shared_ptr) and immutable after Open;
+// every const method may be called from any number of threads. It keeps its shard Readers open
+// (one mapping per file) until the last reference to it or to a shard Reader is dropped.
+#ifndef FERRY_SHARDED_HPP_
+#define FERRY_SHARDED_HPP_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+
+class FERRY_API ShardedCheckpoint {
+ public:
+  // Reads and validates the index, then opens every shard it names. Fails with NotFound for a
+  // missing index or shard, DataLoss for a malformed index or one that disagrees with its shards
+  // (a name mapped to a file that lacks it, a tensor in two files or in none of the entries).
+  static Result<std::shared_ptr<ShardedCheckpoint>> Open(const std::string& index_path,
+                                                         ReaderOptions options = {});
+  // A single file as a one-shard checkpoint (so callers handle both forms alike).
+  static std::shared_ptr<ShardedCheckpoint> FromReader(std::shared_ptr<Reader> reader);
+  ~ShardedCheckpoint();
+
+  // The index path, or the file's path for FromReader.
+  const std::string& path() const;
+  // Shards in the order of their relative names (byte order), so that every process that opens
+  // the same index numbers them alike.
+  size_t num_shards() const;
+  const std::shared_ptr<Reader>& shard(size_t i) const;
+  // The file name of shard i as the index spells it (relative to the index's directory).
+  const std::string& shard_name(size_t i) const;
+
+  size_t num_tensors() const;
+  // Every tensor name, sorted.
+  std::vector<std::string> names() const;
+  struct Location {
+    size_t shard = 0;
+    TensorInfo info;  // info.index is the tensor's index inside that shard's Reader
+  };
+  // O(log n); NotFound names the index and the tensor.
+  Result<Location> Find(std::string_view name) const;
+  // The index's "metadata" entries, sorted by key.
+  const std::vector<std::pair<std::string, std::string>>& metadata() const;
+
+  class Impl;
+
+ private:
+  explicit ShardedCheckpoint(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Writes the index for shard files that already exist (committed), mapping each tensor of each
+// file to it. `shard_files` are relative to the index's directory. Atomic like Writer::Commit
+// (temporary file, fsync, rename, fsync of the directory). Fails with InvalidArgument when two
+// files hold a tensor of the same name or a name is not a plain relative path.
+FERRY_API Status
+WriteShardIndex(const std::string& index_path, const std::vector<std::string>& shard_files,
+                const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+}  // namespace ferry
+
+#endif  // FERRY_SHARDED_HPP_
