@@ -7,7 +7,8 @@
 //                                      every rank instead of hanging, NVML shows each process
 //                                      on its own GPU only
 //   distributed_bench bench [--gib=8] [--hot-dir=/dev/shm] [--cold-dir=/var/tmp] [--iters=3]
-//                           [--no-cold] [--keep] [--nccl=PATH] [--ranks=2]
+//                           [--no-cold] [--keep] [--nccl=PATH] [--ranks=2] [--threads=N]
+//                           [--rounds=K]
 //                                      the throughput comparison, hot and cold, with the same
 //                                      bit-exact and NVML checks; prints a table
 //
@@ -62,6 +63,8 @@ struct Options {
   std::string nccl;
   int iters = 3;
   int ranks = 2;
+  int threads = 0;  // loader worker threads (0: the loader's default)
+  int rounds = 4;   // DistributedOptions::rounds
   bool cold = true;
   bool keep = false;
   std::vector<std::string> raw;  // as given, for the children
@@ -89,6 +92,10 @@ bool ParseOptions(int argc, char** argv, int first, Options* o) {
       o->iters = std::max(1, std::atoi(v));
     } else if (const char* v = val("--ranks=")) {
       o->ranks = std::max(2, std::atoi(v));
+    } else if (const char* v = val("--threads=")) {
+      o->threads = std::max(0, std::atoi(v));
+    } else if (const char* v = val("--rounds=")) {
+      o->rounds = std::max(1, std::atoi(v));
     } else if (a == "--no-cold") {
       o->cold = false;
     } else if (a == "--keep") {
@@ -558,11 +565,16 @@ int ChildBench(Child& c) {
   const std::string hot = c.opts.hot_dir + "/ferry_distributed_bench.ferry";
   const std::string cold = c.opts.cold_dir + "/ferry_distributed_bench.ferry";
   Checker check(c.stream);
-  auto base = Loader::Create();
-  LoaderOptions pc_options;
+  LoaderOptions lo;
+  lo.threads = c.opts.threads;
+  auto base = Loader::Create(lo);
+  LoaderOptions pc_options = lo;
   pc_options.io = IoMode::kPageCache;
   auto base_pc = Loader::Create(pc_options);
-  auto dist = DistributedLoader::Create(c.comm);
+  DistributedOptions dopts;
+  dopts.loader = lo;
+  dopts.rounds = c.opts.rounds;
+  auto dist = DistributedLoader::Create(c.comm, dopts);
   CHILD_CHECK(base.ok() && base_pc.ok() && dist.ok(),
               "create loaders: " + dist.status().ToString());
 
@@ -837,8 +849,9 @@ int ParentBench(Options o, int nccl_version) {
   };
   std::printf(
       "\nDistributed load, %d ranks (one process per GPU), %.2f GiB bf16 checkpoint, "
-      "%zu tensors, NCCL %d\n",
-      o.ranks, bytes / 1073741824.0, specs.size(), nccl_version);
+      "%zu tensors, NCCL %d, loader threads %s, rounds %d\n",
+      o.ranks, bytes / 1073741824.0, specs.size(), nccl_version,
+      o.threads ? std::to_string(o.threads).c_str() : "default", o.rounds);
   std::printf(
       "per-rank GB/s = checkpoint bytes / wall time of the slowest rank (open + load + "
       "sync); aggregate = %d x checkpoint bytes / that time\n\n",
@@ -913,7 +926,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: %s check DIR | bench [--gib=8] [--hot-dir=/dev/shm] "
                  "[--cold-dir=/var/tmp] [--iters=3] [--no-cold] [--keep] [--nccl=PATH] "
-                 "[--ranks=2]\n",
+                 "[--ranks=2] [--threads=N] [--rounds=K]\n",
                  argv[0]);
     return 2;
   }

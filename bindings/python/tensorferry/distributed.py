@@ -1,0 +1,331 @@
+"""Distributed loading with torch.distributed: every rank of a process group gets the whole
+checkpoint, while each byte is read from storage (and crosses a host-to-device link) on one
+rank only; the other ranks receive it through the group's collectives (NCCL over NVLink).
+
+    import torch.distributed as dist
+    import tensorferry.distributed as tfd
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(local_rank)
+    state = tfd.load_file("model.ferry")                  # or "model.ferry.index.json"
+    shard = tfd.load_file("model.ferry", local={"lm_head.weight": (r0, r1)})
+
+How: the tensors, in file order, form one byte sequence cut into world_size * rounds parts at
+row boundaries of dimension 0. Rank r reads its parts with the normal TensorFerry loader onto
+its current device and stream, then ``torch.distributed.broadcast`` (asynchronous, so the
+broadcasts of one round overlap the reads of the next) sends each part to every rank. Tensors
+of 1 MiB or more get their own allocation; smaller ones are views into one shared buffer, so
+thousands of small tensors cost a few broadcasts, not thousands.
+
+This module uses torch.distributed's own collectives instead of handing the group's NCCL
+communicator to the C++ DistributedLoader: ProcessGroupNCCL exposes its communicator only
+through a private, unstable method (``_comm_ptr()``), and the collectives cost nothing extra
+here (the work is the same broadcasts). C++ callers with an ``ncclComm_t`` use
+``ferry::DistributedLoader`` (include/ferry/distributed.hpp).
+
+Collective: every rank of the group must call load_file with the same checkpoint and the same
+`names` (the default: all tensors). `local` (a rank's tensor-parallel slices) may differ per
+rank and costs no communication. Nothing is created on any other GPU than the current device
+(or the one `device` names).
+"""
+
+import hashlib
+import json
+import os
+
+import tensorferry as _tf
+
+__all__ = ["load_file", "open_checkpoint", "split_plan"]
+
+_SMALL = 1 << 20  # tensors below this share one allocation (and one broadcast per run)
+_ALIGN = 256
+
+
+def split_plan(items, nranks, rounds):
+    """The split of ferry::SplitPlan (distributed.hpp): items are (bytes, row_bytes) with
+    row_bytes 0 for items that cannot be cut; returns (item, segment, begin, len) pieces, rank =
+    segment // rounds. Pure Python; the same input gives the same plan on every rank."""
+    segments = nranks * rounds
+    total = sum(b for b, _ in items)
+    cuts = [0] * (segments + 1)
+    cuts[segments] = total
+    it, start = 0, 0
+    for j in range(1, segments):
+        target = total * j // segments
+        while it < len(items) and start + items[it][0] <= target:
+            start += items[it][0]
+            it += 1
+        cut = target
+        if it < len(items):
+            n, row = items[it]
+            off = target - start
+            if row == 0 or row >= n:
+                snapped = 0 if off * 2 < n else n
+            else:
+                snapped = min((off + row // 2) // row * row, n)
+            cut = start + snapped
+        cuts[j] = max(cut, cuts[j - 1])
+    pieces = []
+    pos, seg = 0, 0
+    for i, (n, _) in enumerate(items):
+        b, e = pos, pos + n
+        while b < e:
+            while cuts[seg + 1] <= b:
+                seg += 1
+            pe = min(e, cuts[seg + 1])
+            pieces.append((i, seg, b - pos, pe - b))
+            b = pe
+        pos = e
+    return pieces
+
+
+def _plain_relative(name):
+    if not name or name.startswith("/") or "\0" in name:
+        return False
+    return all(p not in ("", ".", "..") for p in name.split("/"))
+
+
+class _Checkpoint:
+    """Shards (tensorferry.Reader) and name -> shard, for one file or a sharded index."""
+
+    def __init__(self, path):
+        path = os.fspath(path)
+        self.path = path
+        self.readers = []
+        self.where = {}
+        if path.endswith(".json"):
+            with open(path, "rb") as f:
+                index = json.loads(f.read().decode("utf-8"))
+            wm = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(wm, dict):
+                raise _tf.DataLossError(_tf._lib.DATA_LOSS,
+                                        "%s: bad checkpoint index: no \"weight_map\" object" % path)
+            files = sorted(set(wm.values()))
+            for f in files:
+                if not isinstance(f, str) or not _plain_relative(f):
+                    raise _tf.DataLossError(
+                        _tf._lib.DATA_LOSS, "%s: bad checkpoint index: file %r is not a relative "
+                        "path inside the index's directory" % (path, f))
+            base = os.path.dirname(path) or "."
+            try:
+                for f in files:
+                    self.readers.append(_tf.Reader(os.path.join(base, f)))
+            except BaseException:
+                self.close()
+                raise
+            number = {f: i for i, f in enumerate(files)}
+            for name, f in wm.items():
+                self.where[name] = number[f]
+            for s, r in enumerate(self.readers):
+                for name in r.keys():
+                    if self.where.get(name) != s:
+                        self.close()
+                        raise _tf.DataLossError(
+                            _tf._lib.DATA_LOSS, "%s: bad checkpoint index: tensor %r of %r is "
+                            "not mapped to that file" % (path, name, files[s]))
+            if sum(len(r.keys()) for r in self.readers) != len(self.where):
+                self.close()
+                raise _tf.DataLossError(_tf._lib.DATA_LOSS, "%s: bad checkpoint index: it names "
+                                        "tensors its files do not hold" % path)
+        else:
+            self.readers.append(_tf.Reader(path))
+            self.where = {n: 0 for n in self.readers[0].keys()}
+
+    def keys(self):
+        return sorted(self.where)
+
+    def reader(self, name):
+        try:
+            return self.readers[self.where[name]]
+        except KeyError:
+            raise _tf.NotFoundError(_tf._lib.NOT_FOUND,
+                                    "%s: no tensor named %r" % (self.path, name)) from None
+
+    def close(self):
+        for r in self.readers:
+            r.close()
+        self.readers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_checkpoint(path):
+    """A context manager over a .ferry file or a sharded index (*.index.json): keys(),
+    reader(name) (a tensorferry.Reader), close()."""
+    return _Checkpoint(path)
+
+
+def _row_bytes(reader, info):
+    if len(info.shape) == 0 or info.shape[0] < 2:
+        return 0
+    if info.dtype == "F4_E2M1FN" and _tf._numel(info.shape[1:]) % 2:
+        return 0  # rows of an odd count of packed FP4 values do not start on a byte
+    return reader.region(info.name, (0, 1))[1]
+
+
+def _agree(torch, dist, group, device, words, op):
+    t = torch.tensor(words, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def load_file(path, process_group=None, device="cuda", *, names=None, local=None, rounds=4,
+              check_plan=True):
+    """Loads a checkpoint onto every rank of `process_group` (default: the default group).
+
+    path: a .ferry (or .safetensors) file, or a sharded index (*.index.json).
+    device: "cuda" (the current device), "cuda:N" or a torch.device; tensors are copied on that
+    device's current torch stream, and the call returns once they are complete.
+    names: the tensors every rank receives (default: all); the same on every rank.
+    local: {name: (row_begin, row_end) or None} read by this rank alone (its tensor-parallel
+    slice, or a whole tensor); no communication. Returned under the same names.
+    Returns {name: torch.Tensor}.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("tensorferry.distributed: torch.distributed is not initialized")
+    group = process_group
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    index = _tf._cuda_index(torch, device)
+    dev = torch.device("cuda", index)
+    local = dict(local or {})
+    with _Checkpoint(path) as ck, torch.cuda.device(index):
+        stream = torch.cuda.current_stream(index)
+        wanted = ck.keys() if names is None else list(names)
+        items = []  # (shard, data_offset, name, info, row_bytes)
+        failure = None
+        try:
+            for name in wanted:
+                r = ck.reader(name)
+                info = r.info(name)
+                items.append((ck.where[name], info.data_offset, name, info, _row_bytes(r, info)))
+            for name in local:
+                ck.reader(name)
+        except Exception as e:  # reported to the other ranks by the plan check
+            failure = e
+        items.sort(key=lambda m: (m[0], m[1], m[2]))
+        if check_plan:
+            h = hashlib.blake2b(repr((world, rounds, [(m[0], m[1], m[2], m[3].nbytes, m[4])
+                                                      for m in items])).encode(),
+                                digest_size=8).digest()
+            hv = int.from_bytes(h, "little") >> 2  # fits int64 with room
+            top = (1 << 62) - 1
+            words = [top, top] if failure is not None else [hv, top - hv]
+            got = _agree(torch, dist, group, dev, words, dist.ReduceOp.MAX)
+            if failure is not None:
+                raise failure
+            if got != words:
+                raise _tf.InvalidArgumentError(
+                    _tf._lib.INVALID_ARGUMENT,
+                    "%s: rank %d: the ranks disagree on the tensors to load (or another rank "
+                    "failed to plan); every rank must pass the same names" % (ck.path, rank))
+        elif failure is not None:
+            raise failure
+
+        # Destinations: big tensors alone, small ones packed (file order) in one buffer.
+        out = {}
+        arena_bytes = 0
+        offsets = []
+        for shard, _, name, info, _ in items:
+            if info.nbytes >= _SMALL or info.nbytes == 0:
+                offsets.append(None)
+            else:
+                offsets.append(arena_bytes)
+                arena_bytes += (info.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        with torch.cuda.stream(stream):
+            arena = torch.empty(arena_bytes, dtype=torch.uint8, device=dev) if arena_bytes else None
+            flats = []  # per item: a flat uint8 view of its bytes
+            for (shard, _, name, info, _), off in zip(items, offsets):
+                if off is None:
+                    t = _tf._torch_empty(torch, info.dtype, info.shape, info.nbytes, dev)
+                    flat = t.reshape(-1).view(torch.uint8) if info.nbytes else None
+                else:
+                    flat = arena[off:off + info.nbytes]
+                    t = _packed_view(torch, flat, info)
+                out[name] = t
+                flats.append(flat)
+
+            pieces = split_plan([(m[3].nbytes, m[4]) for m in items], world, rounds)
+            # Per segment: broadcasts (flat tensor) with runs of packed small tensors joined.
+            seg_ops = [[] for _ in range(world * rounds)]
+            mine = [[] for _ in range(rounds)]
+            for item, seg, begin, length in pieces:
+                flat = flats[item]
+                ops = seg_ops[seg]
+                off = offsets[item]
+                if off is not None and ops and ops[-1][0] == "arena" and \
+                        0 <= off + begin - ops[-1][2] < _ALIGN:
+                    ops[-1] = ("arena", ops[-1][1], off + begin + length)
+                elif off is not None:
+                    ops.append(("arena", off + begin, off + begin + length))
+                else:
+                    ops.append(("own", item, (begin, begin + length)))
+                if seg // rounds == rank:
+                    mine[seg % rounds].append((item, begin, length))
+
+            loader = _tf._default_loader(index)
+            works = []
+            for k in range(rounds):
+                if failure is None:
+                    try:
+                        _read(loader, ck, items, flats, mine[k], stream)
+                    except Exception as e:  # keep the broadcasts going so no rank hangs
+                        failure = e
+                for r in range(world):
+                    src = dist.get_global_rank(group, r) if group is not None else r
+                    for op in seg_ops[r * rounds + k]:
+                        if op[0] == "arena":
+                            buf = arena[op[1]:op[2]]
+                        else:
+                            b, e = op[2]
+                            buf = flats[op[1]][b:e]
+                        works.append(dist.broadcast(buf, src=src, group=group, async_op=True))
+            for name, rows in local.items():
+                if failure is not None:
+                    break
+                try:
+                    out[name] = _tf._torch_cuda_load(ck.reader(name), [(name, rows)], dev,
+                                                     stream=stream, non_blocking=True,
+                                                     loader=loader)[0]
+                except Exception as e:
+                    failure = e
+            for w in works:
+                w.wait()  # the current stream waits for the broadcasts
+        flag = _agree(torch, dist, group, dev, [1 if failure is not None else 0],
+                      dist.ReduceOp.MAX)
+        if failure is not None:
+            raise failure
+        if flag[0]:
+            raise RuntimeError("tensorferry.distributed: another rank failed to load %s (its "
+                               "error says why)" % ck.path)
+        stream.synchronize()
+    return out
+
+
+def _packed_view(torch, flat, info):
+    """Bytes in the shared buffer as the dtype and shape tensorferry.load_file would give the
+    tensor (uint8 where torch has no such dtype); the offset is 256-byte aligned."""
+    like = _tf._torch_empty(torch, info.dtype, info.shape, info.nbytes, "meta")
+    return flat.view(like.dtype).view(like.shape)
+
+
+def _read(loader, ck, items, flats, pieces, stream):
+    """Enqueues this rank's pieces of one round on `stream` (returns before they complete)."""
+    by_reader = {}
+    for item, begin, length in pieces:
+        shard, _, name, info, row_bytes = items[item]
+        flat = flats[item]
+        if begin == 0 and length == info.nbytes:
+            rows = None
+        else:
+            rows = (begin // row_bytes, (begin + length) // row_bytes)
+        ptr = flat.data_ptr() + begin
+        by_reader.setdefault(shard, []).append((name, rows, ptr, length))
+    for shard, targets in by_reader.items():
+        loader.load_into(ck.readers[shard], targets, stream=stream.cuda_stream, non_blocking=True)
