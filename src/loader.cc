@@ -34,7 +34,6 @@ constexpr uint64_t kArenaTensorLimit = uint64_t{1} << 20;
 // Copy-bound loads (raw tensors) run on at most this many workers; see LoaderOptions::threads.
 constexpr int kCopyWorkers = 8;
 
-
 struct Resolved {
   size_t tensor = 0;
   uint64_t begin = 0;  // raw byte range within the tensor
@@ -662,7 +661,10 @@ class Loader::Impl {
     for (uint64_t i = 0; i < nslots; ++i) slots[i].turn = i;
     const bool verify = options.verify;
 
-    const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
+    // Direct reads are I/O bound: every worker keeps a request in flight (measured 1.76 vs
+    // 1.61 GB/s cold with 16 vs 8 workers on the H200 host's disk).
+    const int active =
+        explicit_threads || direct_fd >= 0 ? pool->size() : ActiveWorkers(res, pool->size());
     pool->Run([&](int worker) {
       if (worker >= active) return;
       // The worker's first CUDA call must find the caller's context, or the runtime would
@@ -941,7 +943,8 @@ class Loader::Impl {
     const int fd = direct_file.fd();
     ErrorSlot error;
     std::atomic<uint64_t> next{0};
-    const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
+    const int active =
+        explicit_threads || fd >= 0 ? pool->size() : ActiveWorkers(res, pool->size());
     pool->Run([&](int worker) {
       if (worker >= active) return;
       for (;;) {
