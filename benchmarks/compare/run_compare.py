@@ -874,6 +874,9 @@ def skip_reason(e, fileinfo, probe, ferry_load, ferry_load_why, cli_ok, cli_why,
         return ferry_load_why
     if e.kind == "cli" and not cli_ok:
         return cli_why
+    if e.kind == "cli" and mode == "cold":
+        return "ferry bench reads the file into the page cache before it times loads"
+
     if e.needs and probe.get("peers", {}).get(e.needs) != "ok":
         status = probe.get("peers", {}).get(e.needs, "not installed")
         if "No module named" in status:
