@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "codec.hpp"
+#include "cuda_util.hpp"
 #include "reader_impl.hpp"
 #include "util.hpp"
 
@@ -171,58 +172,6 @@ Status NcclStatus(const NcclApi& api, NcclComm comm, int rc, const char* what) {
   return Error(StatusCode::kCudaError, "NCCL ", what, " failed: ", api.error_string(rc),
                last && *last ? StrCat(" (", last, ")") : std::string());
 }
-
-Status CudaStatus(cudaError_t err, const std::string& where, const char* what) {
-  return Error(StatusCode::kCudaError, where, ": ", what, " failed: ", cudaGetErrorName(err), " (",
-               cudaGetErrorString(err), ")");
-}
-
-#define FERRY_CUDA_RETURN(call, where)                                          \
-  do {                                                                          \
-    cudaError_t _ferry_err = (call);                                            \
-    if (_ferry_err != cudaSuccess) return CudaStatus(_ferry_err, where, #call); \
-  } while (0)
-
-// Context push/pop through driver entry points fetched via the runtime (no link-time libcuda),
-// so that destructors running on any thread act on the loader's device and never make a
-// context on device 0. Same approach as the Loader's (src/loader.cc).
-struct CtxApi {
-  CUresult (*get_current)(CUcontext*) = nullptr;
-  CUresult (*push)(CUcontext) = nullptr;
-  CUresult (*pop)(CUcontext*) = nullptr;
-  bool ok = false;
-};
-
-const CtxApi& Ctx() {
-  static const CtxApi api = [] {
-    CtxApi a;
-    cudaDriverEntryPointQueryResult q;
-    auto get = [&](const char* name, void** fn) {
-      return cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q) ==
-                 cudaSuccess &&
-             q == cudaDriverEntryPointSuccess;
-    };
-    a.ok = get("cuCtxGetCurrent", reinterpret_cast<void**>(&a.get_current)) &&
-           get("cuCtxPushCurrent", reinterpret_cast<void**>(&a.push)) &&
-           get("cuCtxPopCurrent", reinterpret_cast<void**>(&a.pop));
-    return a;
-  }();
-  return api;
-}
-
-class ScopedContext {
- public:
-  explicit ScopedContext(CUcontext ctx) {
-    if (Ctx().ok && ctx != nullptr && Ctx().push(ctx) == CUDA_SUCCESS) pushed_ = true;
-  }
-  ~ScopedContext() {
-    CUcontext ignored;
-    if (pushed_) Ctx().pop(&ignored);
-  }
-
- private:
-  bool pushed_ = false;
-};
 
 // NCCL takes size_t counts, but large single operations have had limits in some versions;
 // pieces of 1 GiB cost nothing measurable.
@@ -708,7 +657,7 @@ Result<std::unique_ptr<DistributedLoader>> DistributedLoader::Create(NcclComm co
   impl->device = dev;
   // The current device's context, made current on this thread if it is not yet (never another).
   FERRY_CUDA_RETURN(cudaFree(nullptr), "DistributedLoader");
-  if (Ctx().ok) Ctx().get_current(&impl->ctx);
+  if (Driver().ok) Driver().ctx_get_current(&impl->ctx);
   FERRY_ASSIGN_OR_RETURN(impl->loader, Loader::Create(options.loader));
   impl->options = std::move(options);
   FERRY_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking),

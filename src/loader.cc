@@ -15,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "cuda_util.hpp"
 #include "reader_impl.hpp"
 #include "util.hpp"
 #include "worker_pool.hpp"
@@ -376,64 +377,6 @@ Status FillRawDirect(const Reader::Impl& r, int fd, const Resolved& rr, const Pi
 
 #ifdef FERRY_HAVE_CUDA
 namespace {
-
-Status CudaStatus(cudaError_t err, const std::string& where, const char* what) {
-  return Error(StatusCode::kCudaError, where, ": ", what, " failed: ", cudaGetErrorName(err), " (",
-               cudaGetErrorString(err), ")");
-}
-
-#define FERRY_CUDA_RETURN(call, where)                                          \
-  do {                                                                          \
-    cudaError_t _ferry_err = (call);                                            \
-    if (_ferry_err != cudaSuccess) return CudaStatus(_ferry_err, where, #call); \
-  } while (0)
-
-// Driver context calls, fetched through the runtime so the library has no link-time
-// dependency on libcuda (CI machines have no driver).
-struct DriverApi {
-  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
-  CUresult (*ctx_set_current)(CUcontext) = nullptr;
-  CUresult (*ctx_push)(CUcontext) = nullptr;
-  CUresult (*ctx_pop)(CUcontext*) = nullptr;
-  bool ok = false;
-};
-
-const DriverApi& Driver() {
-  static const DriverApi api = [] {
-    DriverApi a;
-    cudaDriverEntryPointQueryResult q;
-    auto get = [&](const char* name, void** fn) {
-      return cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q) ==
-                 cudaSuccess &&
-             q == cudaDriverEntryPointSuccess;
-    };
-    a.ok = get("cuCtxGetCurrent", reinterpret_cast<void**>(&a.ctx_get_current)) &&
-           get("cuCtxSetCurrent", reinterpret_cast<void**>(&a.ctx_set_current)) &&
-           get("cuCtxPushCurrent", reinterpret_cast<void**>(&a.ctx_push)) &&
-           get("cuCtxPopCurrent", reinterpret_cast<void**>(&a.ctx_pop));
-    return a;
-  }();
-  return api;
-}
-
-// Makes `ctx` current on this thread for a scope and restores whatever was current before
-// (possibly nothing), so a deleter running on an arbitrary thread never lands on device 0.
-class ScopedContext {
- public:
-  explicit ScopedContext(CUcontext ctx) : pushed_(false) {
-    const DriverApi& d = Driver();
-    if (d.ok && ctx != nullptr && d.ctx_push(ctx) == CUDA_SUCCESS) pushed_ = true;
-  }
-  ~ScopedContext() {
-    if (pushed_) {
-      CUcontext ignored;
-      Driver().ctx_pop(&ignored);
-    }
-  }
-
- private:
-  bool pushed_;
-};
 
 struct Slot {
   uint8_t* data = nullptr;
