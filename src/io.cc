@@ -1,12 +1,14 @@
 #include "io.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <mutex>
 
 #include "util.hpp"
 
@@ -141,6 +143,75 @@ Result<std::shared_ptr<Mapping>> Mapping::Map(const std::string& path) {
 Mapping::~Mapping() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
+
+// ---- SIGBUS guard ---------------------------------------------------------------------------
+// A page of a shared file mapping past the file's current end raises SIGBUS when touched.
+// Checking the size with fstat before each read would leave a window between the check and
+// the copy; the guard closes it: the fault itself becomes an error for the read that hit it.
+
+namespace {
+
+// Innermost guarded read of this thread. Set before any fault can happen, so the handler's
+// access never has to allocate the thread's TLS block.
+thread_local BusGuardFrame* t_bus_top = nullptr;
+
+struct sigaction g_previous_bus;
+
+void PassOn(int sig, siginfo_t* info, void* context) {
+  const struct sigaction& prev = g_previous_bus;
+  if (prev.sa_flags & SA_SIGINFO) {
+    if (prev.sa_sigaction != nullptr) {
+      prev.sa_sigaction(sig, info, context);
+      return;
+    }
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+    return;
+  }
+  // Default (or ignored, which cannot apply to a fault): die of SIGBUS as without us. Our
+  // handler has SA_NODEFER, so the signal is not blocked here and raise() delivers at once.
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
+}
+
+void OnBus(int sig, siginfo_t* info, void* context) {
+  const auto* at = static_cast<const uint8_t*>(info->si_addr);
+  // Only faults of a guarded mapping's pages, on the thread reading it, are ours.
+  for (BusGuardFrame* f = t_bus_top; f != nullptr; f = f->prev) {
+    if (info->si_code != SI_USER && at >= f->begin && at < f->end) {
+      t_bus_top = f;  // frames inside f are abandoned; f's own destructor pops f
+      siglongjmp(f->env, 1);
+    }
+  }
+  PassOn(sig, info, context);
+}
+
+void InstallBusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa = {};
+    sa.sa_sigaction = OnBus;
+    sigemptyset(&sa.sa_mask);
+    // SA_NODEFER: leaving the handler by siglongjmp must not leave SIGBUS blocked (a later
+    // fault while blocked kills the process outright). SA_ONSTACK: use the thread's alternate
+    // stack if it has one (a sanitizer's, or the application's).
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+    ::sigaction(SIGBUS, &sa, &g_previous_bus);
+  });
+}
+
+}  // namespace
+
+BusGuardFrame::BusGuardFrame(const uint8_t* data, uint64_t size)
+    : begin(data), end(data + size), prev(t_bus_top) {
+  InstallBusHandler();
+  t_bus_top = this;
+}
+
+BusGuardFrame::~BusGuardFrame() { t_bus_top = prev; }
 
 Status SyncParentDir(const std::string& path) {
   auto slash = path.find_last_of('/');

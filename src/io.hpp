@@ -3,6 +3,7 @@
 #ifndef FERRY_SRC_IO_HPP_
 #define FERRY_SRC_IO_HPP_
 
+#include <csetjmp>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,7 +43,20 @@ class File {
   std::string path_;
 };
 
-// A read-only private mapping of a whole file.
+// One active guarded read on this thread (see Mapping::Guard). Frames nest through `prev`.
+struct BusGuardFrame {
+  BusGuardFrame(const uint8_t* begin, uint64_t size);
+  ~BusGuardFrame();
+  BusGuardFrame(const BusGuardFrame&) = delete;
+  BusGuardFrame& operator=(const BusGuardFrame&) = delete;
+
+  sigjmp_buf env;
+  const uint8_t* begin;
+  const uint8_t* end;
+  BusGuardFrame* prev;
+};
+
+// A read-only shared mapping of a whole file.
 class Mapping {
  public:
   static Result<std::shared_ptr<Mapping>> Map(const std::string& path);
@@ -54,6 +68,23 @@ class Mapping {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   int fd() const { return file_.fd(); }
+
+  // Runs fn(), which reads this mapping, and returns false if the read faulted because the
+  // file shrank after it was mapped (truncated, or rewritten in place). Such a read raises
+  // SIGBUS; a process-wide handler, installed on first use and chained to whatever handler
+  // was there before, jumps back here for faults inside this mapping on this thread, and
+  // passes every other SIGBUS on. fn() is left by siglongjmp, so it must hold no object with
+  // a destructor at the faulting read: pass a lambda around memcpy, a checksum or a decoder
+  // call, nothing that builds messages or containers.
+  template <typename Fn>
+  [[nodiscard]] bool Guard(Fn&& fn) const {
+    BusGuardFrame frame(data_, size_);
+    // No signal mask saved: the handler runs with SA_NODEFER and an empty mask, so jumping
+    // out of it leaves this thread's mask as it was, and the fast path makes no system call.
+    if (sigsetjmp(frame.env, 0) != 0) return false;
+    fn();
+    return true;
+  }
 
  private:
   Mapping() = default;

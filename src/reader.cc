@@ -1,4 +1,6 @@
 // Host reader: trailer, footer verification, semantic validation, lookups and host reads.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -577,6 +579,15 @@ std::string Reader::Impl::Where(size_t i) const {
   return StrCat(path, ": tensor ", Quote(Sv(at(i)->name())));
 }
 
+Status Reader::Impl::Shrank(size_t i, uint64_t file_offset) const {
+  struct stat st;
+  std::string now = ::fstat(mapping->fd(), &st) == 0 ? StrCat(st.st_size, " bytes") : "unknown";
+  return Error(StatusCode::kDataLoss, Where(i), ": the file shrank after it was opened (",
+               mapping->size(), " bytes then, ", now,
+               " now: truncated or rewritten in place?); the read at file offset ", file_offset,
+               " faulted");
+}
+
 TensorInfo Reader::Impl::Info(size_t i) const {
   const fb::Tensor* t = at(i);
   TensorInfo info;
@@ -612,13 +623,15 @@ Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const
   const fb::Tensor* t = at(i);
   uint64_t len = BlockRawSize(i, b);
   uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
-  if (Checksum64(raw, len) != expect) {
-    uint64_t file_offset = t->data_offset();
-    if (t->encoding() == fb::Encoding::RAW) {
-      file_offset += b * t->block_size();
-    } else {
-      file_offset += t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b))->offset();
-    }
+  uint64_t file_offset = t->data_offset();
+  if (t->encoding() == fb::Encoding::RAW) {
+    file_offset += b * t->block_size();
+  } else {
+    file_offset += t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b))->offset();
+  }
+  uint64_t sum = 0;
+  if (!mapping->Guard([&] { sum = Checksum64(raw, len); })) return Shrank(i, file_offset);
+  if (sum != expect) {
     return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b,
                  " (raw bytes [", b * t->block_size(), ", ", b * t->block_size() + len,
                  "), stored at file offset ", file_offset, ")");
@@ -630,7 +643,10 @@ Status Reader::Impl::DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* sc
                                  bool verify) const {
   const fb::Tensor* t = at(i);
   if (t->encoding() == fb::Encoding::RAW) {
-    std::memcpy(dst, base() + t->data_offset() + b * t->block_size(), BlockRawSize(i, b));
+    const uint64_t offset = t->data_offset() + b * t->block_size();
+    if (!mapping->Guard([&] { std::memcpy(dst, base() + offset, BlockRawSize(i, b)); })) {
+      return Shrank(i, offset);
+    }
     if (verify) return VerifyBlock(i, b, dst);
     return Status::Ok();
   }
@@ -646,10 +662,16 @@ Status Reader::Impl::DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint
   bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD;
   size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
   uint8_t* out = shuffled && width > 1 ? scratch : dst;
+  // `src` is in the mapping, or in a buffer the loader read into (the guard is then idle).
   if (ch->codec() == fb::ChunkCodec::STORED) {
-    std::memcpy(out, src, raw);
+    if (!mapping->Guard([&] { std::memcpy(out, src, raw); })) {
+      return Shrank(i, t->data_offset() + ch->offset());
+    }
   } else {
-    Status st = ZstdDecompressExact(src, ch->stored_size(), out, raw);
+    Status st;
+    if (!mapping->Guard([&] { st = ZstdDecompressExact(src, ch->stored_size(), out, raw); })) {
+      return Shrank(i, t->data_offset() + ch->offset());
+    }
     if (!st.ok()) {
       return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
                    t->data_offset() + ch->offset(), ": ", st.message());
@@ -671,15 +693,25 @@ Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* 
   if (len == 0) return Status::Ok();
   uint64_t bs = t->block_size();
   if (t->encoding() == fb::Encoding::RAW) {
-    if (verify) {
-      for (uint64_t b = begin / bs; b * bs < end; ++b) {
-        FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, base() + t->data_offset() + b * bs));
+    const uint8_t* src = base() + t->data_offset() + begin;
+    bool read = mapping->Guard([&] {
+      if (streaming) {
+        StreamingCopy(dst, src, len);
+      } else {
+        std::memcpy(dst, src, len);
       }
-    }
-    if (streaming) {
-      StreamingCopy(dst, base() + t->data_offset() + begin, len);
-    } else {
-      std::memcpy(dst, base() + t->data_offset() + begin, len);
+    });
+    if (!read) return Shrank(i, t->data_offset() + begin);
+    if (verify) {
+      // Blocks the range covers whole are checked in `dst`, after the copy: the bytes handed
+      // out are the bytes verified, even if the file is rewritten under the mapping meanwhile.
+      // Not after streaming stores: those bypassed the cache, and reading them back is slow.
+      for (uint64_t b = begin / bs; b * bs < end; ++b) {
+        uint64_t bb = b * bs, be = bb + BlockRawSize(i, b);
+        const uint8_t* at = !streaming && bb >= begin && be <= end ? dst + (bb - begin)
+                                                                   : base() + t->data_offset() + bb;
+        FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, at));
+      }
     }
     return Status::Ok();
   }

@@ -80,6 +80,8 @@ class Reader::Impl {
 
   // "<path>: tensor 'name'" for messages.
   std::string Where(size_t i) const;
+  // DataLoss for a read of tensor i at `file_offset` that faulted (Mapping::Guard).
+  Status Shrank(size_t i, uint64_t file_offset) const;
 };
 
 }  // namespace ferry

@@ -286,7 +286,9 @@ struct ReadOptions {
 class FERRY_API Mapping;
 
 // A read-only zero-copy view of a raw tensor inside the file mapping. Holds a reference to
-// the mapping: valid (and the memory readable) as long as the view, or a copy, exists.
+// the mapping: valid (and the memory readable) as long as the view, or a copy, exists, and
+// the file is not truncated: the caller's own reads of a truncated file raise SIGBUS, which
+// the library's copies (ReadInto, loads) turn into DataLoss instead (docs/SECURITY.md).
 struct HostView {
   const void* data = nullptr;
   uint64_t nbytes = 0;

@@ -238,33 +238,35 @@ inline Status FuzzLoad(const uint8_t* data, size_t size) {
 
 // ---- chunk decompression and byte unshuffle ---------------------------------------------
 
-// Input: u8 element width, u32 raw size (capped), then one stored chunk (a zstd frame).
+// Input: u8 mode (bit 7: a stored chunk, else zstd; low bits: element width), u32 raw size
+// (capped), then the chunk's bytes, as DecodeStored sees them.
 inline Status FuzzChunk(const uint8_t* data, size_t size) {
   if (size < 5) return Status::Ok();
-  const size_t width = data[0] % 10;  // 0..9: the shuffle's widths and some it must pass through
+  const bool stored = (data[0] & 0x80) != 0;
+  const size_t width = (data[0] & 0x7f) % 10;  // the shuffle's widths and some it passes through
   uint32_t raw;
   std::memcpy(&raw, data + 1, 4);
   raw %= kMaxChunkBytes + 1;
   const uint8_t* src = data + 5;
   const size_t n = size - 5;
-  // Exactly sized heap buffers, so any write past raw_size is an ASan report.
+  if (stored) raw = static_cast<uint32_t>(std::min<size_t>(raw, n));
+  // Exactly sized heap buffers (plus one byte so data() is never null), so any write past
+  // `raw` is an ASan report.
   std::unique_ptr<uint8_t[]> dst(new uint8_t[raw + 1]);
   std::unique_ptr<uint8_t[]> plain(new uint8_t[raw + 1]);
-  Status st = ZstdDecompressExact(src, n, dst.get(), raw);
-  if (!st.ok()) {
-    Clean(st, "");
-    Expect(st.code() == StatusCode::kDataLoss, "decompression error is not DataLoss",
-           st.ToString());
-    // Unshuffle whatever bytes there are: stored (uncompressed) chunks take this path.
-    size_t m = std::min<size_t>(n, raw);
-    Unshuffle(src, plain.get(), m, width);
-    std::unique_ptr<uint8_t[]> back(new uint8_t[m + 1]);
-    Shuffle(plain.get(), back.get(), m, width);
-    Expect(std::memcmp(back.get(), src, m) == 0, "shuffle does not invert unshuffle");
-    return st;
+  std::unique_ptr<uint8_t[]> back(new uint8_t[raw + 1]);
+  if (stored) {
+    std::memcpy(dst.get(), src, raw);
+  } else {
+    Status st = ZstdDecompressExact(src, n, dst.get(), raw);
+    if (!st.ok()) {
+      Clean(st, "");
+      Expect(st.code() == StatusCode::kDataLoss, "decompression error is not DataLoss",
+             st.ToString());
+      return st;
+    }
   }
   Unshuffle(dst.get(), plain.get(), raw, width);
-  std::unique_ptr<uint8_t[]> back(new uint8_t[raw + 1]);
   Shuffle(plain.get(), back.get(), raw, width);
   Expect(std::memcmp(back.get(), dst.get(), raw) == 0, "shuffle does not invert unshuffle");
   // What decoded must survive a round trip through the writer's compressor.

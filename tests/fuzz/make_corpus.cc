@@ -135,12 +135,13 @@ void Safetensors(const std::string& name, const std::vector<SafetensorsEntry>& e
   Put("load", name, bytes);  // the Reader opens safetensors files too
 }
 
-// Chunk target input: u8 element width, u32 raw size, then the stored chunk.
+// Chunk target input: u8 mode (0x80: stored, else zstd; low bits: element width), u32 raw
+// size, then the chunk.
 void Chunk(const std::string& name, uint8_t width, const std::vector<uint8_t>& raw, bool zstd) {
   std::vector<uint8_t> shuffled(raw.size());
   Shuffle(raw.data(), shuffled.data(), raw.size(), width);
   std::vector<uint8_t> out(5);
-  out[0] = width;
+  out[0] = static_cast<uint8_t>(width | (zstd ? 0 : 0x80));
   uint32_t n = static_cast<uint32_t>(raw.size());
   std::memcpy(out.data() + 1, &n, 4);
   if (zstd) {
