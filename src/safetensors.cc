@@ -14,6 +14,7 @@
 
 #include "ferry_generated.h"
 #include "format.hpp"
+#include "strict_json.hpp"
 #include "util.hpp"
 
 namespace ferry {
@@ -68,43 +69,10 @@ uint64_t LoadU64(const uint8_t* p) {
   return v;
 }
 
-// Thrown out of the JSON parser's callback to stop a hostile header early.
-struct Reject {
-  std::string what;
-};
-
-// Refuses nesting deeper than a header needs (object > tensor object > array), so a header
-// of brackets cannot make the parser build a deep tree, and refuses duplicate keys, which
-// JSON leaves undefined and nlohmann would resolve silently (last one wins).
-class HeaderShape {
- public:
-  bool operator()(int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (depth >= 3) throw Reject{"nests deeper than a safetensors header can"};
-        if (event == Json::parse_event_t::object_start) keys_.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!keys_.empty()) keys_.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (!keys_.empty() && !keys_.back().insert(key).second) {
-          throw Reject{
-              StrCat("has the key ", Quote(key), " twice", depth == 1 ? "" : " in one entry")};
-        }
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  }
-
- private:
-  std::vector<std::set<std::string>> keys_;
-};
+// Duplicate keys in one header: the message says where (top level or inside one entry).
+std::string DuplicateKey(const std::string& key, int depth) {
+  return StrCat("has the key ", Quote(key), " twice", depth == 1 ? "" : " in one entry");
+}
 
 struct Entry {
   std::string name;
@@ -289,20 +257,15 @@ Result<uint64_t> ParseSafetensors(const uint8_t* file, uint64_t file_size, const
   HeaderParser parser(path, n, data_start, file_size - data_start);
 
   Json header;
-  try {
-    header = Json::parse(file + 8, file + 8 + n, HeaderShape());
-  } catch (const Json::parse_error& e) {
-    // e.byte counts from 1 at the header's first byte.
-    uint64_t at = 8 + (e.byte > 0 ? e.byte - 1 : 0);
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 7: ".
-    if (auto p = what.find(": "); p != std::string::npos) what = what.substr(p + 2);
-    return parser.Fail(StrCat("invalid JSON at file offset ", at, ": ", what));
-  } catch (const Reject& r) {
-    return parser.Fail(r.what);
-  } catch (const std::exception& e) {
-    return parser.Fail(StrCat("invalid JSON: ", e.what()));
-  }
+  StrictJsonOptions json;
+  // object > tensor object > array is all a header needs.
+  json.max_depth = 3;
+  json.too_deep = "nests deeper than a safetensors header can";
+  json.duplicate = DuplicateKey;
+  json.where = "file offset";
+  json.byte_base = 8;
+  const char* text = reinterpret_cast<const char*>(file + 8);
+  if (auto error = ParseStrictJson(text, text + n, json, &header)) return parser.Fail(*error);
   if (!header.is_object()) return parser.Fail("is not a JSON object");
 
   std::vector<Entry> entries;

@@ -10,6 +10,7 @@
 
 #include "io.hpp"
 #include "reader_impl.hpp"
+#include "strict_json.hpp"
 #include "util.hpp"
 
 namespace ferry {
@@ -20,43 +21,6 @@ using Json = nlohmann::json;
 
 // An index lists names and file names only; even 1M tensors stay far below this.
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
-
-struct Reject {
-  std::string what;
-};
-
-// Refuses nesting deeper than an index needs and duplicate keys (which JSON leaves undefined
-// and nlohmann would resolve silently, last one wins): a tensor listed twice must not quietly
-// point at one of its two files.
-class IndexShape {
- public:
-  bool operator()(int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        // root > metadata > a structured metadata value may nest a little; nothing needs more.
-        if (depth >= 8) throw Reject{"nests deeper than a checkpoint index can"};
-        if (event == Json::parse_event_t::object_start) keys_.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!keys_.empty()) keys_.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (!keys_.empty() && !keys_.back().insert(key).second) {
-          throw Reject{StrCat("duplicate key ", Quote(key))};
-        }
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  }
-
- private:
-  std::vector<std::set<std::string>> keys_;
-};
 
 // A shard's name must stay inside the index's directory: a hostile index must not make the
 // process open /etc/shadow or ../../other_job/ckpt.
@@ -128,17 +92,12 @@ Result<std::shared_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::st
   impl->path = index_path;
   FERRY_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path));
   Json index;
-  try {
-    index = Json::parse(text.begin(), text.end(), IndexShape());
-  } catch (const Json::parse_error& e) {
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 7: ".
-    if (auto p = what.find(": "); p != std::string::npos) what = what.substr(p + 2);
-    return impl->Fail(StrCat("invalid JSON at byte ", e.byte > 0 ? e.byte - 1 : 0, ": ", what));
-  } catch (const Reject& r) {
-    return impl->Fail(r.what);
-  } catch (const std::exception& e) {
-    return impl->Fail(StrCat("invalid JSON: ", e.what()));
+  StrictJsonOptions json;
+  // root > metadata > a structured metadata value may nest a little; nothing needs more.
+  json.max_depth = 8;
+  json.too_deep = "nests deeper than a checkpoint index can";
+  if (auto error = ParseStrictJson(text.data(), text.data() + text.size(), json, &index)) {
+    return impl->Fail(*error);
   }
   if (!index.is_object()) return impl->Fail("not a JSON object");
   auto wm = index.find("weight_map");

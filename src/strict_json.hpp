@@ -1,0 +1,30 @@
+// JSON from untrusted files (safetensors headers, checkpoint indexes), parsed strictly.
+#ifndef FERRY_SRC_STRICT_JSON_HPP_
+#define FERRY_SRC_STRICT_JSON_HPP_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace ferry {
+
+// Parses [begin, end) and refuses nesting deeper than `max_depth` (so a file of brackets cannot
+// make the parser build a deep tree) and duplicate keys, which JSON leaves undefined and
+// nlohmann would resolve silently (last one wins). Returns the reason on failure:
+// `too_deep`, "<duplicate>" formatted by `duplicate(key, depth)`, or "invalid JSON at
+// <where> <byte_base + offset>: ..." for syntax errors.
+struct StrictJsonOptions {
+  int max_depth = 3;
+  const char* too_deep = "nests too deeply";
+  std::string (*duplicate)(const std::string& key, int depth) = nullptr;
+  const char* where = "byte";  // "byte" or "file offset"
+  uint64_t byte_base = 0;      // added to syntax error positions
+};
+
+std::optional<std::string> ParseStrictJson(const char* begin, const char* end,
+                                           const StrictJsonOptions& options, nlohmann::json* out);
+
+}  // namespace ferry
+
+#endif  // FERRY_SRC_STRICT_JSON_HPP_
