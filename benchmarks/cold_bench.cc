@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "ferry/loader.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -36,10 +37,7 @@ std::string g_paths[2];  // raw, shuffle+zstd
 uint64_t g_bytes = 0;
 bool g_gpu = false;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using bench::Now;
 
 bool DropCaches() {
   ::sync();
@@ -187,20 +185,7 @@ void BM_Load(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> rest;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--ferry_gib=", 0) == 0) {
-      g_gib = std::stod(a.substr(12));
-    } else if (a.rfind("--ferry_dir=", 0) == 0) {
-      g_dir = a.substr(12);
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  int rargc = static_cast<int>(rest.size());
-  benchmark::Initialize(&rargc, rest.data());
-  if (benchmark::ReportUnrecognizedArguments(rargc, rest.data())) return 1;
+  if (!bench::ParseFlags(argc, argv, &g_gib, &g_dir)) return 1;
   g_gpu = CudaAvailable();
   Generate();
   benchmark::RegisterBenchmark("BM_RawRead", BM_RawRead)

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "ferry/loader.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -33,10 +34,7 @@ std::shared_ptr<Reader> g_reader;
 uint64_t g_bytes = 0;
 double g_ceiling = 0;  // bytes per second
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using bench::Now;
 
 // A llama-like layout of bf16 weights: per layer, four attention projections, three MLP
 // matrices and two norms, until the requested size is reached.
@@ -63,18 +61,15 @@ void Generate() {
     struct M {
       const char* n;
       int64_t r, c;
-    } mats[] = {{"self_attn.q_proj.weight", hidden, hidden},
-                {"self_attn.k_proj.weight", 1024, hidden},
-                {"self_attn.v_proj.weight", 1024, hidden},
-                {"self_attn.o_proj.weight", hidden, hidden},
-                {"mlp.gate_proj.weight", ffn, hidden},
-                {"mlp.up_proj.weight", ffn, hidden},
-                {"mlp.down_proj.weight", hidden, ffn},
-                {"input_layernorm.weight", 1, hidden},
-                {"post_attention_layernorm.weight", 1, hidden}};
+    } mats[] = {
+        {"self_attn.q_proj.weight", hidden, hidden},   {"self_attn.k_proj.weight", 1024, hidden},
+        {"self_attn.v_proj.weight", 1024, hidden},     {"self_attn.o_proj.weight", hidden, hidden},
+        {"mlp.gate_proj.weight", ffn, hidden},         {"mlp.up_proj.weight", ffn, hidden},
+        {"mlp.down_proj.weight", hidden, ffn},         {"input_layernorm.weight", 1, hidden},
+        {"post_attention_layernorm.weight", 1, hidden}};
     for (const M& m : mats) {
-      std::vector<int64_t> shape = m.r == 1 ? std::vector<int64_t>{m.c}
-                                            : std::vector<int64_t>{m.r, m.c};
+      std::vector<int64_t> shape =
+          m.r == 1 ? std::vector<int64_t>{m.c} : std::vector<int64_t>{m.r, m.c};
       uint64_t n = static_cast<uint64_t>(m.r * m.c) * 2;
       Status st = w->AddTensor(p + m.n, DType::kBF16, shape, buf.data(), n);
       if (!st.ok()) {
@@ -319,40 +314,30 @@ void BM_HostLoad(benchmark::State& state) {
   timing.Finish(state, 0);
 }
 
+// One memcpy pass of every tensor from the mapping into `dst`; returns the seconds it took.
+double CopyAll(std::vector<uint8_t>& dst) {
+  double t0 = Now();
+  uint64_t off = 0;
+  for (size_t i = 0; i < g_reader->num_tensors(); ++i) {
+    auto v = g_reader->View(g_reader->tensor(i).name);
+    std::memcpy(dst.data() + off, v->data, v->nbytes);
+    off += v->nbytes;
+  }
+  benchmark::DoNotOptimize(dst.data());
+  return Now() - t0;
+}
+
 void BM_HostMemcpy(benchmark::State& state) {
   std::vector<uint8_t> dst(g_bytes);
   std::memset(dst.data(), 0, dst.size());
-  for (auto _ : state) {
-    double t0 = Now();
-    uint64_t off = 0;
-    for (size_t i = 0; i < g_reader->num_tensors(); ++i) {
-      auto v = g_reader->View(g_reader->tensor(i).name);
-      std::memcpy(dst.data() + off, v->data, v->nbytes);
-      off += v->nbytes;
-    }
-    state.SetIterationTime(Now() - t0);
-    benchmark::DoNotOptimize(dst.data());
-  }
+  for (auto _ : state) state.SetIterationTime(CopyAll(dst));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * g_bytes));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> rest;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--ferry_gib=", 0) == 0) {
-      g_gib = std::stod(a.substr(12));
-    } else if (a.rfind("--ferry_dir=", 0) == 0) {
-      g_dir = a.substr(12);
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  int rargc = static_cast<int>(rest.size());
-  benchmark::Initialize(&rargc, rest.data());
-  if (benchmark::ReportUnrecognizedArguments(rargc, rest.data())) return 1;
+  if (!bench::ParseFlags(argc, argv, &g_gib, &g_dir)) return 1;
   Generate();
   std::printf("checkpoint: %s, %zu tensors, %.2f GiB\n", g_path.c_str(), g_reader->num_tensors(),
               g_bytes / double(1ull << 30));
@@ -367,14 +352,7 @@ int main(int argc, char** argv) {
   if (!gpu) {
     // The host ceiling: one memcpy pass over the same bytes.
     std::vector<uint8_t> dst(g_bytes, 0);
-    double t0 = Now();
-    uint64_t off = 0;
-    for (size_t i = 0; i < g_reader->num_tensors(); ++i) {
-      auto v = g_reader->View(g_reader->tensor(i).name);
-      std::memcpy(dst.data() + off, v->data, v->nbytes);
-      off += v->nbytes;
-    }
-    g_ceiling = g_bytes / (Now() - t0);
+    g_ceiling = g_bytes / CopyAll(dst);
     std::printf("no GPU: host load beside memcpy (%.1f GB/s single pass)\n", g_ceiling / 1e9);
   }
   auto* h = benchmark::RegisterBenchmark("BM_HostLoad", BM_HostLoad);
