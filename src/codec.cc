@@ -119,46 +119,49 @@ size_t Unshuffle4(const uint8_t*, uint8_t*, size_t) { return 0; }
 #endif
 }  // namespace
 
-void Shuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
+namespace {
+// Both directions share the dispatch: a SIMD head for 2- and 4-byte elements, a scalar tail,
+// and trailing bytes of a partial element copied as they are.
+template <size_t (*Simd2)(const uint8_t*, uint8_t*, size_t),
+          size_t (*Simd4)(const uint8_t*, uint8_t*, size_t), template <size_t> class Scalar>
+void Transpose(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
   size_t count = itemsize ? n / itemsize : 0;
   switch (itemsize) {
     case 2:
-      ShuffleFixed<2>(src, dst, count, Shuffle2(src, dst, count));
+      Scalar<2>::Run(src, dst, count, Simd2(src, dst, count));
       break;
     case 4:
-      ShuffleFixed<4>(src, dst, count, Shuffle4(src, dst, count));
+      Scalar<4>::Run(src, dst, count, Simd4(src, dst, count));
       break;
     case 8:
-      ShuffleFixed<8>(src, dst, count, 0);
+      Scalar<8>::Run(src, dst, count, 0);
       break;
     default:
       count = 0;
       break;
   }
   size_t done = count * itemsize;
-  // Guarded: an empty block may come with null pointers, which memcpy must never see.
-  if (n > done) std::memcpy(dst + done, src + done, n - done);
+  std::memcpy(dst + done, src + done, n - done);
+}
+
+template <size_t W>
+struct ShuffleScalar {
+  static void Run(const uint8_t* s, uint8_t* d, size_t c, size_t f) { ShuffleFixed<W>(s, d, c, f); }
+};
+template <size_t W>
+struct UnshuffleScalar {
+  static void Run(const uint8_t* s, uint8_t* d, size_t c, size_t f) {
+    UnshuffleFixed<W>(s, d, c, f);
+  }
+};
+}  // namespace
+
+void Shuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
+  Transpose<Shuffle2, Shuffle4, ShuffleScalar>(src, dst, n, itemsize);
 }
 
 void Unshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
-  size_t count = itemsize ? n / itemsize : 0;
-  switch (itemsize) {
-    case 2:
-      UnshuffleFixed<2>(src, dst, count, Unshuffle2(src, dst, count));
-      break;
-    case 4:
-      UnshuffleFixed<4>(src, dst, count, Unshuffle4(src, dst, count));
-      break;
-    case 8:
-      UnshuffleFixed<8>(src, dst, count, 0);
-      break;
-    default:
-      count = 0;
-      break;
-  }
-  size_t done = count * itemsize;
-  // Guarded: an empty block may come with null pointers, which memcpy must never see.
-  if (n > done) std::memcpy(dst + done, src + done, n - done);
+  Transpose<Unshuffle2, Unshuffle4, UnshuffleScalar>(src, dst, n, itemsize);
 }
 
 void StreamingCopy(void* dst, const void* src, size_t n) {
@@ -217,7 +220,7 @@ Status ZstdDecompressExact(const void* src, size_t n, void* dst, size_t raw_size
   // ZSTD_decompress never writes past `raw_size`; a frame that needs more fails with
   // dstSize_tooSmall, which is exactly the "never trust the frame's claim" rule.
   thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> ctx(ZSTD_createDCtx(),
-                                                                       ZSTD_freeDCtx);
+                                                                      ZSTD_freeDCtx);
   ZSTD_DCtx* dctx = ctx.get();
   if (dctx == nullptr) return Error(StatusCode::kResourceExhausted, "zstd context allocation");
   size_t r = ZSTD_decompressDCtx(dctx, dst, raw_size, src, n);
@@ -225,8 +228,7 @@ Status ZstdDecompressExact(const void* src, size_t n, void* dst, size_t raw_size
     return Error(StatusCode::kDataLoss, "corrupt zstd frame (", ZSTD_getErrorName(r), ")");
   }
   if (r != raw_size) {
-    return Error(StatusCode::kDataLoss, "zstd frame decoded to ", r, " bytes, expected ",
-                 raw_size);
+    return Error(StatusCode::kDataLoss, "zstd frame decoded to ", r, " bytes, expected ", raw_size);
   }
   return Status::Ok();
 }
