@@ -116,18 +116,23 @@ Result<const NcclApi*> LoadNccl(const std::string& library) {
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache->find(library); it != cache->end()) return &it->second;
   void* handle = nullptr;
+  // RTLD_DEFAULT is a null pointer in glibc, so "found" is tracked on its own.
+  bool found = false;
   std::string tried;
   if (!library.empty()) {
     handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    found = handle != nullptr;
     tried = library;
   } else if (dlsym(RTLD_DEFAULT, "ncclCommCount") != nullptr) {
     handle = RTLD_DEFAULT;
+    found = true;
   } else {
     handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
     if (handle == nullptr) handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    found = handle != nullptr;
     tried = "libnccl.so.2";
   }
-  if (handle == nullptr) {
+  if (!found) {
     const char* why = dlerror();
     return Error(StatusCode::kUnimplemented, "distributed loading needs NCCL: dlopen(", tried,
                  ") failed: ", why ? why : "unknown error");
