@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -328,12 +329,37 @@ class ErrorSlot {
   std::atomic<bool> failed_{false};
 };
 
+// Memory the kernel could give the page cache now (MemAvailable), or 0 when unknown.
+uint64_t AvailableMemory() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %lu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// IoMode::kAuto. Direct reads pay off when the page cache cannot help: the data is cold AND
+// larger than half the memory the cache could use, so caching it would only evict other
+// data. Below that, buffered reads with kernel readahead measured as fast or faster than
+// O_DIRECT on the H200 host's virtual disk (benchmarks/README.md), and they leave the file
+// cached for the next process.
+bool WantDirect(const Reader::Impl& r, const std::vector<Resolved>& res) {
+  uint64_t bytes = 0;
+  for (const Resolved& x : res) bytes += x.len;
+  uint64_t avail = AvailableMemory();
+  if (avail == 0 || bytes <= avail / 2) return false;
+  return ResidentFraction(*r.mapping, res) < kColdFraction;
+}
+
 // An O_DIRECT descriptor for cold loads (IoMode), or none (-1) for the page-cache path.
 class DirectFile {
  public:
   DirectFile(const Reader::Impl& r, const std::vector<Resolved>& res, IoMode io) {
-    if (io == IoMode::kDirect ||
-        (io == IoMode::kAuto && ResidentFraction(*r.mapping, res) < kColdFraction)) {
+    if (io == IoMode::kDirect || (io == IoMode::kAuto && WantDirect(r, res))) {
       fd_ = ::open(r.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     }
   }
@@ -604,10 +630,7 @@ class Loader::Impl {
     for (uint64_t i = 0; i < nslots; ++i) slots[i].turn = i;
     const bool verify = options.verify;
 
-    // Direct reads are I/O bound: every worker keeps a request in flight (measured 1.76 vs
-    // 1.61 GB/s cold with 16 vs 8 workers on the H200 host's disk).
-    const int active =
-        explicit_threads || direct_fd >= 0 ? pool->size() : ActiveWorkers(res, pool->size());
+    const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
     pool->Run([&](int worker) {
       if (worker >= active) return;
       // The worker's first CUDA call must find the caller's context, or the runtime would
@@ -886,8 +909,7 @@ class Loader::Impl {
     const int fd = direct_file.fd();
     ErrorSlot error;
     std::atomic<uint64_t> next{0};
-    const int active =
-        explicit_threads || fd >= 0 ? pool->size() : ActiveWorkers(res, pool->size());
+    const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
     pool->Run([&](int worker) {
       if (worker >= active) return;
       for (;;) {

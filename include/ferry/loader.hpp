@@ -54,9 +54,11 @@ enum class HostPath : uint8_t {
   kRegisterWindows = 3
 };
 
-// How bytes leave the file. kAuto samples page-cache residency (mincore) of the requested
-// ranges: mostly resident takes the page-cache path (mapping), mostly cold takes kDirect.
-// kDirect falls back to the page cache where the file system refuses O_DIRECT (tmpfs).
+// How bytes leave the file. kAuto takes kDirect only for a load that is mostly cold (sampled
+// with mincore) and larger than half of MemAvailable, where caching it would only evict other
+// data; otherwise the page-cache path, which measured as fast or faster than O_DIRECT on cold
+// files of a virtual disk (benchmarks/README.md). kDirect falls back to the page cache where
+// the file system refuses O_DIRECT (tmpfs).
 enum class IoMode : uint8_t {
   kAuto = 0,
   kPageCache = 1,  // read through the mmap
