@@ -34,7 +34,7 @@ struct VerifyOptions {
 struct ConvertOptions {
   std::string in, out;
   std::string encoding = "raw";
-  int level = 3;
+  int level = WriterOptions().zstd_level;  // the library default (1)
   std::string block_size = "4MiB";
   int threads = 0;
 };
