@@ -141,7 +141,8 @@ void Transpose(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
       break;
   }
   size_t done = count * itemsize;
-  std::memcpy(dst + done, src + done, n - done);
+  // memcpy with a null pointer is undefined even for zero bytes (empty tensors pass null).
+  if (n > done) std::memcpy(dst + done, src + done, n - done);
 }
 
 template <size_t W>
