@@ -183,6 +183,14 @@ void OnBus(int sig, siginfo_t* info, void* context) {
   for (BusGuardFrame* f = t_bus_top; f != nullptr; f = f->prev) {
     if (info->si_code != SI_USER && at >= f->begin && at < f->end) {
       t_bus_top = f;  // frames inside f are abandoned; f's own destructor pops f
+      // SA_NODEFER should leave SIGBUS unblocked, but a runtime that wraps handlers (TSan
+      // does) may block it anyway, and the jump does not restore the mask: a later fault
+      // while blocked would kill the process. Unblocking costs a system call on this error
+      // path only, where saving the mask in every sigsetjmp would cost one per read.
+      sigset_t bus;
+      sigemptyset(&bus);
+      sigaddset(&bus, SIGBUS);
+      ::pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
       siglongjmp(f->env, 1);
     }
   }
@@ -196,8 +204,8 @@ void InstallBusHandler() {
     sa.sa_sigaction = OnBus;
     sigemptyset(&sa.sa_mask);
     // SA_NODEFER: leaving the handler by siglongjmp must not leave SIGBUS blocked (a later
-    // fault while blocked kills the process outright). SA_ONSTACK: use the thread's alternate
-    // stack if it has one (a sanitizer's, or the application's).
+    // fault while blocked kills the process outright); OnBus unblocks it too, in case a
+    // wrapper blocked it. SA_ONSTACK: use the thread's alternate stack if it has one.
     sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
     ::sigaction(SIGBUS, &sa, &g_previous_bus);
   });

@@ -639,5 +639,47 @@ TEST(FaultTest, ManyThreadsShareOneReader) {
   EXPECT_TRUE(reader.VerifyAll().ok());
 }
 
+// An index large enough that Reader::Open validates it on several threads, opened by several
+// threads at once (under TSan this covers the parallel footer validation).
+TEST(FaultTest, ManyThreadsOpenALargeIndex) {
+  TempDir dir;
+  const std::string path = dir.File("many.ferry");
+  constexpr int kTensors = 40000;
+  {
+    WriterOptions o;
+    o.durable = false;
+    auto w = Writer::Create(path, o);
+    ASSERT_TRUE(w.ok());
+    for (int i = 0; i < kTensors; ++i) {
+      uint32_t v = static_cast<uint32_t>(i);
+      char name[32];
+      std::snprintf(name, sizeof(name), "layer.%06d", i);
+      ASSERT_TRUE(w->AddTensor(name, DType::kU32, {1}, &v, 4).ok());
+    }
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto r = Reader::Open(path);
+      if (!r.ok() || (*r)->num_tensors() != kTensors) {
+        failures++;
+        return;
+      }
+      for (int i = t; i < kTensors; i += 997) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "layer.%06d", i);
+        uint32_t v = 0;
+        if (!(*r)->ReadInto(name, &v, 4, {true}).ok() || v != static_cast<uint32_t>(i)) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
 }  // namespace
 }  // namespace ferry
