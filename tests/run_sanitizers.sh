@@ -43,6 +43,8 @@ run_tsan() {
 }
 
 start=$SECONDS
+# Same packages as the normal build (gcc brings libasan, libubsan and libtsan with it).
+bash "$ROOT/tests/install_deps.sh"
 case "$WHAT" in
   asan) run_asan ;;
   tsan) run_tsan ;;
