@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -784,7 +785,17 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
     impl->has_checksums = false;
     return std::shared_ptr<Reader>(new Reader(std::move(impl)));
   }
-  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, LocateFooter(base, size, path));
+  // The trailer, the footer checksum and the footer copy read the mapping: guarded, so a file
+  // truncated while it is being opened is a DataLoss, not a SIGBUS.
+  auto shrank = [&] {
+    return Error(StatusCode::kDataLoss, path, ": the file shrank while it was being opened (", size,
+                 " bytes when mapped)");
+  };
+  std::optional<Result<FooterLocation>> located;
+  if (!impl->mapping->Guard([&] { located.emplace(LocateFooter(base, size, path)); })) {
+    return shrank();
+  }
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, std::move(*located));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {
     return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,
@@ -794,7 +805,10 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
   // turn every later lookup into a SIGBUS. Data reads still go through the mapping (or O_DIRECT).
   // Not value-initialised: zero-filling a large index first would double the cost of the copy.
   impl->footer_copy.reset(new uint64_t[(loc.size + 7) / 8]);
-  std::memcpy(impl->footer_copy.get(), base + loc.offset, loc.size);
+  uint64_t* copy = impl->footer_copy.get();
+  if (!impl->mapping->Guard([&] { std::memcpy(copy, base + loc.offset, loc.size); })) {
+    return shrank();
+  }
   FERRY_ASSIGN_OR_RETURN(impl->checkpoint,
                          ParseFooter(reinterpret_cast<const uint8_t*>(impl->footer_copy.get()),
                                      loc.size, loc.offset, path));
