@@ -17,9 +17,9 @@ namespace ferry {
 // CudaError naming `where` and the failed call.
 Status CudaStatus(cudaError_t err, const std::string& where, const char* what);
 
-#define FERRY_CUDA_RETURN(call, where)                                                  \
-  do {                                                                                  \
-    cudaError_t _ferry_err = (call);                                                    \
+#define FERRY_CUDA_RETURN(call, where)                                                   \
+  do {                                                                                   \
+    cudaError_t _ferry_err = (call);                                                     \
     if (_ferry_err != cudaSuccess) return ::ferry::CudaStatus(_ferry_err, where, #call); \
   } while (0)
 

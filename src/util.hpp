@@ -43,10 +43,10 @@ inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 #define FERRY_CONCAT_INNER(a, b) a##b
 #define FERRY_CONCAT(a, b) FERRY_CONCAT_INNER(a, b)
 
-#define FERRY_RETURN_IF_ERROR(expr)             \
-  do {                                          \
-    ::ferry::Status _ferry_st = (expr);         \
-    if (!_ferry_st.ok()) return _ferry_st;      \
+#define FERRY_RETURN_IF_ERROR(expr)        \
+  do {                                     \
+    ::ferry::Status _ferry_st = (expr);    \
+    if (!_ferry_st.ok()) return _ferry_st; \
   } while (0)
 
 #define FERRY_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -562,9 +562,9 @@ Status Writer::SetGlobalSlice(std::string_view name, const std::vector<int64_t>&
   }
   for (size_t d = 0; d < shape.size(); ++d) {
     if (offset[d] < 0 || offset[d] > global_shape[d] - shape[d]) {
-      return Error(StatusCode::kInvalidArgument, impl_->path, ": tensor ", Quote(name), ": dim ",
-                   d, " covers [", offset[d], ", ", offset[d] + shape[d],
-                   ") of a global extent of ", global_shape[d]);
+      return Error(StatusCode::kInvalidArgument, impl_->path, ": tensor ", Quote(name), ": dim ", d,
+                   " covers [", offset[d], ", ", offset[d] + shape[d], ") of a global extent of ",
+                   global_shape[d]);
     }
   }
   it->global_shape = global_shape;

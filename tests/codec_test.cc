@@ -1,9 +1,10 @@
 // Byte shuffle, zstd chunks and the streaming copy against simple references.
+#include "codec.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "codec.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -13,8 +14,8 @@ using testing::RandomBytes;
 
 TEST(CodecTest, ShufflePlanesMatchReferenceForEveryWidthAndSize) {
   for (size_t width : {1, 2, 4, 8}) {
-    for (size_t n : {0, 1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 4099,
-                     65536, 65537}) {
+    for (size_t n : {0,  1,  2,  3,   15,  16,  17,   31,   32,    33,
+                     63, 64, 65, 127, 128, 129, 1000, 4099, 65536, 65537}) {
       std::vector<uint8_t> src = RandomBytes(n, n * 31 + width);
       std::vector<uint8_t> shuffled(n, 0xEE), back(n, 0xDD);
       Shuffle(src.data(), shuffled.data(), n, width);

@@ -1,14 +1,14 @@
 // Loader tests: host targets run everywhere; device tests skip when no GPU is usable.
+#include "ferry/loader.hpp"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <thread>
 
-#include <unistd.h>
-
-#include "ferry/loader.hpp"
 #include "test_util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -36,8 +36,7 @@ class LoaderTest : public ::testing::Test {
       for (int d = 0; d < kNumDTypes; ++d) {
         auto dtype = static_cast<DType>(d);
         std::vector<int64_t> shape = {37, 129};
-        Add(*w, std::string(EncodingName(enc)) + "/" + DTypeName(dtype), dtype, shape, enc,
-            seed++);
+        Add(*w, std::string(EncodingName(enc)) + "/" + DTypeName(dtype), dtype, shape, enc, seed++);
       }
     }
     Add(*w, "big", DType::kBF16, {1000, 777}, Encoding::kRaw, 100);
@@ -184,8 +183,7 @@ TEST_F(LoaderTest, DirectReadOfTruncatedFileIsAnError) {
   auto bad = (*loader)->LoadToHost(**r, {});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(bad.status().message().find("truncated"), std::string::npos)
-      << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("truncated"), std::string::npos) << bad.status().ToString();
 }
 
 #ifdef FERRY_HAVE_CUDA
@@ -284,8 +282,7 @@ TEST_F(DeviceLoaderTest, StreamOrderingOnCallerStream) {
   auto out = (*loader)->LoadAsync(*reader_, reqs, reinterpret_cast<Stream>(s));
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   std::vector<uint8_t> host(want.size());
-  ASSERT_EQ(cudaMemcpyAsync(host.data(), dst, want.size(), cudaMemcpyDeviceToHost, s),
-            cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), dst, want.size(), cudaMemcpyDeviceToHost, s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   EXPECT_EQ(host, want);
   cudaFree(scratch);
@@ -436,8 +433,7 @@ TEST_F(DeviceLoaderTest, CorruptBlockIsDataLossOnDevice) {
     ASSERT_FALSE(out.ok());
     EXPECT_EQ(out.status().code(), StatusCode::kDataLoss);
     EXPECT_NE(out.status().message().find("'big'"), std::string::npos) << out.status().ToString();
-    EXPECT_NE(out.status().message().find("block 1"), std::string::npos)
-        << out.status().ToString();
+    EXPECT_NE(out.status().message().find("block 1"), std::string::npos) << out.status().ToString();
   }
 }
 

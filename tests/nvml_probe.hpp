@@ -23,8 +23,8 @@ class NvmlProbe {
     init_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
     shutdown_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown"));
     count_ = reinterpret_cast<int (*)(unsigned*)>(dlsym(lib_, "nvmlDeviceGetCount_v2"));
-    handle_ = reinterpret_cast<int (*)(unsigned, void**)>(
-        dlsym(lib_, "nvmlDeviceGetHandleByIndex_v2"));
+    handle_ =
+        reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByIndex_v2"));
     procs_ = reinterpret_cast<int (*)(void*, unsigned*, RawProc*)>(
         dlsym(lib_, "nvmlDeviceGetComputeRunningProcesses_v3"));
     by_bus_ = reinterpret_cast<int (*)(const char*, void**)>(

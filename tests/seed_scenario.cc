@@ -55,13 +55,13 @@ std::vector<uint8_t> Pattern(const Spec& spec) {
   return out;
 }
 
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t e = (call);                                                           \
-    if (e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e));          \
-      return 1;                                                                       \
-    }                                                                                 \
+#define CHECK_CUDA(call)                                                     \
+  do {                                                                       \
+    cudaError_t e = (call);                                                  \
+    if (e != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e)); \
+      return 1;                                                              \
+    }                                                                        \
   } while (0)
 
 int Write(const std::string& path, int mib) {
@@ -77,8 +77,7 @@ int Write(const std::string& path, int mib) {
     device_buffers.push_back(dev);
     // The source is device memory: pulled through the writer block by block.
     FillFn fill = [dev](uint64_t off, void* dst, size_t n) {
-      cudaError_t e = cudaMemcpy(dst, static_cast<uint8_t*>(dev) + off, n,
-                                 cudaMemcpyDeviceToHost);
+      cudaError_t e = cudaMemcpy(dst, static_cast<uint8_t*>(dev) + off, n, cudaMemcpyDeviceToHost);
       return e == cudaSuccess ? Status::Ok()
                               : Status(StatusCode::kCudaError, cudaGetErrorString(e));
     };
@@ -153,9 +152,10 @@ int Load(const std::string& path, int device) {
   }
   int cur = -1;
   cudaGetDevice(&cur);
-  std::printf("loader pid %d: %zu tensors, %.1f MiB in %.3f s onto device %d (current device "
-              "after load: %d)\n",
-              getpid(), out->size(), bytes / 1048576.0, secs, device, cur);
+  std::printf(
+      "loader pid %d: %zu tensors, %.1f MiB in %.3f s onto device %d (current device "
+      "after load: %d)\n",
+      getpid(), out->size(), bytes / 1048576.0, secs, device, cur);
   if (cur != device) ++failures;
   if (!nvml.ok()) {
     std::printf("FAIL: NVML unavailable\n");

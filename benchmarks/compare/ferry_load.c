@@ -78,8 +78,8 @@ static int use_cuda(int device) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (!h) h = dlopen("libcuda.so", RTLD_NOW | RTLD_GLOBAL);
   if (!h) fail("dlopen libcuda", dlerror());
-#define SYM(field, name)                                \
-  *(void**)(&cu.field) = dlsym(h, name);                \
+#define SYM(field, name)                 \
+  *(void**)(&cu.field) = dlsym(h, name); \
   if (!cu.field) fail("dlsym", name);
   SYM(init, "cuInit");
   SYM(device_get, "cuDeviceGet");
@@ -160,9 +160,10 @@ int main(int argc, char** argv) {
   double seconds = now() - t0;
 
   unsigned long long bytes = 0;
-  printf("@@RESULT {\"seconds\": %.9f, \"tensors\": %zu, \"device\": %d, "
-         "\"staging_bytes\": %llu, \"threads\": %d, \"checksums\": {",
-         seconds, n, device, (unsigned long long)options.staging_bytes, options.threads);
+  printf(
+      "@@RESULT {\"seconds\": %.9f, \"tensors\": %zu, \"device\": %d, "
+      "\"staging_bytes\": %llu, \"threads\": %d, \"checksums\": {",
+      seconds, n, device, (unsigned long long)options.staging_bytes, options.threads);
   int first = 1;
   int on_device = 1;
   for (size_t i = 0; i < n; ++i) {
@@ -171,7 +172,8 @@ int main(int argc, char** argv) {
     if (ferry_reader_tensor_info(reader, i, &info, &error) != FERRY_OK) fail("info", error.message);
     bytes += info.nbytes;
     const DLTensor* t = &out[i]->dl_tensor;
-    if (!host && !(t->device.device_type == kDLCUDA && t->device.device_id == device)) on_device = 0;
+    if (!host && !(t->device.device_type == kDLCUDA && t->device.device_id == device))
+      on_device = 0;
     for (size_t s = 0; s < num_samples; ++s) {
       if (strcmp(samples[s], info.name) != 0) continue;
       const unsigned char* data = (const unsigned char*)t->data + t->byte_offset;

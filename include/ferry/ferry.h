@@ -478,8 +478,8 @@ FERRY_API int ferry_reader_verify(const ferry_reader_t* reader, const char* name
 typedef struct ferry_loader_t ferry_loader_t;
 
 #define FERRY_HOST_PATH_AUTO 0
-#define FERRY_HOST_PATH_STAGING 1  /* CPU copies into the pinned ring, then DMA */
-#define FERRY_HOST_PATH_REGISTER 2 /* register the mapped file, DMA from the page cache */
+#define FERRY_HOST_PATH_STAGING 1          /* CPU copies into the pinned ring, then DMA */
+#define FERRY_HOST_PATH_REGISTER 2         /* register the mapped file, DMA from the page cache */
 #define FERRY_HOST_PATH_REGISTER_WINDOWS 3 /* register window by window (measured slower) */
 
 #define FERRY_IO_AUTO 0       /* page cache when resident, else O_DIRECT (sampled per load) */

@@ -155,9 +155,8 @@ struct CustomRecipe {
   bool operator==(const CustomRecipe&) const = default;
 };
 // monostate: no recipe recorded.
-using Recipe = std::variant<std::monostate, DelayedScaling, Float8CurrentScaling,
-                            MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling,
-                            CustomRecipe>;
+using Recipe = std::variant<std::monostate, DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
+                            Float8BlockScaling, NVFP4BlockScaling, CustomRecipe>;
 
 // Scaling state of one direction of one module: S = slot_roles.size() slots and
 // L = history_len rows of amax history (row 0 current), stored F32[L, S] row-major.

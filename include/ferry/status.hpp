@@ -15,14 +15,14 @@ namespace ferry {
 // Values are pinned forever: the C API returns them as plain ints.
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,  // the caller passed something unusable (bad name, size, option)
-  kNotFound = 2,         // no such file or tensor
-  kDataLoss = 3,         // the file is corrupt, truncated or hostile; a checksum mismatched
+  kInvalidArgument = 1,    // the caller passed something unusable (bad name, size, option)
+  kNotFound = 2,           // no such file or tensor
+  kDataLoss = 3,           // the file is corrupt, truncated or hostile; a checksum mismatched
   kResourceExhausted = 4,  // out of memory or disk space, or over a documented limit
-  kUnimplemented = 5,    // a valid request this build cannot serve (e.g. no CUDA support)
-  kInternal = 6,         // a broken invariant inside TensorFerry: a bug, please report
-  kCudaError = 7,        // a CUDA runtime call failed
-  kIoError = 8,          // the operating system refused a read, write, sync or rename
+  kUnimplemented = 5,      // a valid request this build cannot serve (e.g. no CUDA support)
+  kInternal = 6,           // a broken invariant inside TensorFerry: a bug, please report
+  kCudaError = 7,          // a CUDA runtime call failed
+  kIoError = 8,            // the operating system refused a read, write, sync or rename
 };
 
 FERRY_API const char* StatusCodeName(StatusCode code);
@@ -51,7 +51,7 @@ class FERRY_API Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (status_.ok()) status_ = Status(StatusCode::kInternal, "Result built from an OK status");
   }
