@@ -169,7 +169,21 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
 # ---- reading ------------------------------------------------------------------------------
 
 
-class Reader:
+
+class _Closable:
+    """A library handle freed by close(), by `with`, or when garbage collected."""
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+class Reader(_Closable):
     """An open checkpoint (the C reader handle). Thread-safe; views it hands out stay valid
     after close()."""
 
@@ -204,15 +218,6 @@ class Reader:
         if h is not None:
             self._lib.ferry_reader_free(h)
 
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def path(self):
@@ -446,7 +451,7 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
     return outs
 
 
-class Loader:
+class Loader(_Closable):
     """A TensorFerry loader: a pinned staging ring reused across loads. Copies go to the
     calling thread's current CUDA device, on the given stream. Close it (or let the process
     exit) while the CUDA context is alive.
@@ -481,15 +486,6 @@ class Loader:
         if h is not None:
             self._lib.ferry_loader_free(h)
 
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _requests(self, items):
         reqs = (_lib.LoadRequest * max(1, len(items)))()
