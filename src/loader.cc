@@ -74,6 +74,7 @@ struct Batch {
   uint64_t span_begin = 0, span_len = 0;
 };
 
+// Page and O_DIRECT alignment (also the unit of page-cache registration).
 constexpr uint64_t kDirectAlign = 4096;
 // Below this resident fraction a load counts as cold and takes direct I/O (IoMode::kAuto).
 constexpr double kColdFraction = 0.5;
@@ -86,8 +87,6 @@ struct Group {
   uint32_t first, last;
   uint64_t reg_begin, reg_end;
 };
-
-constexpr uint64_t kPage = 4096;
 
 int DefaultThreads() {
   unsigned hw = std::thread::hardware_concurrency();
@@ -386,16 +385,7 @@ Status FillRawDirect(const Reader::Impl& r, int fd, const Resolved& rr, const Pi
   }
   FERRY_RETURN_IF_ERROR(DirectRead(fd, r.path, buf, abegin, aend - abegin, off + p.len - abegin));
   std::memcpy(dst, buf + (off - abegin), p.len);
-  if (verify) {
-    uint64_t bs = rr.info.block_size;
-    for (uint64_t b = p.begin / bs; b * bs < p.begin + p.len; ++b) {
-      uint64_t bb = b * bs, be = bb + r.BlockRawSize(rr.tensor, b);
-      const uint8_t* at = bb >= p.begin && be <= p.begin + p.len
-                              ? dst + (bb - p.begin)
-                              : r.base() + rr.info.data_offset + bb;
-      FERRY_RETURN_IF_ERROR(r.VerifyBlock(rr.tensor, b, at));
-    }
-  }
+  if (verify) return r.VerifyRawRange(rr.tensor, p.begin, p.len, dst);
   return Status::Ok();
 }
 
@@ -428,8 +418,7 @@ class Loader::Impl {
   uint64_t ring_bytes = 0;
   bool ring_registered = false;  // malloc + cudaHostRegister (else cudaHostAlloc)
   std::vector<Slot> slots;
-  CUcontext events_ctx = nullptr;  // events belong to one context; remade on change
-  int device = -1;
+  CUcontext events_ctx = nullptr;          // events belong to one context; remade on change
   cudaEvent_t tail = nullptr;              // recorded after each load's last copy
   std::vector<cudaEvent_t> worker_events;  // windowed registration, one per worker
   std::shared_ptr<Mapping> registered;     // mapping registered for direct DMA
@@ -564,7 +553,6 @@ class Loader::Impl {
     CUcontext ctx = nullptr;
     if (Driver().ok) Driver().ctx_get_current(&ctx);
     FERRY_RETURN_IF_ERROR(PrepareDevice(ctx));
-    device = dev;
 
     std::vector<size_t> order;
     FERRY_ASSIGN_OR_RETURN(std::vector<Resolved> res, Resolve(r, requests, &order));
@@ -607,7 +595,7 @@ class Loader::Impl {
     for (uint32_t i = 0; i < direct.size(); ++i) {
       const Piece& p = direct[i];
       uint64_t off = res[p.r].info.data_offset + p.begin;
-      uint64_t pb = off / kPage * kPage, pe = AlignUp(off + p.len, kPage);
+      uint64_t pb = off / kDirectAlign * kDirectAlign, pe = AlignUp(off + p.len, kDirectAlign);
       if (!windows) {
         groups.push_back(Group{i, i + 1, 0, 0});
         continue;
@@ -677,14 +665,9 @@ class Loader::Impl {
         for (uint32_t i = g.first; st.ok() && i < g.last; ++i) {
           const Piece& p = direct[i];
           const Resolved& rr = res[p.r];
-          if (verify) {
-            // Checks the blocks this piece touches, reading them from the page cache.
-            uint64_t bs = rr.info.block_size;
-            for (uint64_t b = p.begin / bs; st.ok() && b * bs < p.begin + p.len; ++b) {
-              st = r.VerifyBlock(rr.tensor, b, r.base() + rr.info.data_offset + b * bs);
-            }
-            if (!st.ok()) break;
-          }
+          // The DMA reads the page cache itself, so the blocks are checked there.
+          if (verify) st = r.VerifyRawRange(rr.tensor, p.begin, p.len, nullptr);
+          if (!st.ok()) break;
           cudaError_t err =
               cudaMemcpyAsync(rr.dst + p.dst_off, r.base() + rr.info.data_offset + p.begin, p.len,
                               cudaMemcpyHostToDevice, cstream);
@@ -754,21 +737,10 @@ class Loader::Impl {
       uint64_t need = res[last.r].info.data_offset + last.begin + last.len - batch.span_begin;
       FERRY_RETURN_IF_ERROR(
           DirectRead(direct_fd, r.path, slot.data, batch.span_begin, batch.span_len, need));
-      if (verify) {
-        for (uint32_t i = batch.first; i < batch.last; ++i) {
-          const Piece& p = pieces[i];
-          const Resolved& rr = res[p.r];
-          uint64_t bs = rr.info.block_size;
-          for (uint64_t b = p.begin / bs; b * bs < p.begin + p.len; ++b) {
-            uint64_t bb = b * bs, be = bb + r.BlockRawSize(rr.tensor, b);
-            // Whole blocks inside the piece are checked in the ring; a block cut by a row
-            // range is checked through the mapping.
-            const uint8_t* at = bb >= p.begin && be <= p.begin + p.len
-                                    ? slot.data + p.soff + (bb - p.begin)
-                                    : r.base() + rr.info.data_offset + bb;
-            FERRY_RETURN_IF_ERROR(r.VerifyBlock(rr.tensor, b, at));
-          }
-        }
+      for (uint32_t i = batch.first; verify && i < batch.last; ++i) {
+        const Piece& p = pieces[i];
+        FERRY_RETURN_IF_ERROR(
+            r.VerifyRawRange(res[p.r].tensor, p.begin, p.len, slot.data + p.soff));
       }
     } else {
       for (uint32_t i = batch.first; i < batch.last; ++i) {

@@ -363,8 +363,8 @@ Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
 
 }  // namespace
 
-Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
-                                    const std::string& path) {
+Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
+                                   const std::string& path) {
   const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
   if (file_size < min_size) {
     return Error(StatusCode::kDataLoss, path, ": file is ", file_size,
@@ -387,12 +387,22 @@ Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
     return Error(StatusCode::kDataLoss, path, ": footer length ", footer_size,
                  " (trailer at offset ", trailer_offset, ") does not fit the file");
   }
-  uint64_t footer_offset = trailer_offset - footer_size;
-  if (Checksum64(file + footer_offset, footer_size) != footer_sum) {
+  return FooterLocation{trailer_offset - footer_size, footer_size, footer_sum};
+}
+
+Status CheckFooterSum(const uint8_t* footer, const FooterLocation& loc, const std::string& path) {
+  if (Checksum64(footer, loc.size) != loc.checksum) {
     return Error(StatusCode::kDataLoss, path, ": footer checksum mismatch (footer at offset ",
-                 footer_offset, ", ", footer_size, " bytes)");
+                 loc.offset, ", ", loc.size, " bytes)");
   }
-  return FooterLocation{footer_offset, footer_size};
+  return Status::Ok();
+}
+
+Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
+                                    const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, ReadTrailer(file, file_size, path));
+  FERRY_RETURN_IF_ERROR(CheckFooterSum(file + loc.offset, loc, path));
+  return loc;
 }
 
 Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
@@ -640,6 +650,21 @@ Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const
   return Status::Ok();
 }
 
+Status Reader::Impl::VerifyRawRange(size_t i, uint64_t begin, uint64_t len,
+                                    const uint8_t* copy) const {
+  if (len == 0) return Status::Ok();  // empty tensors have no blocks (block_size 0)
+  const fb::Tensor* t = at(i);
+  const uint64_t bs = t->block_size(), end = begin + len;
+  for (uint64_t b = begin / bs; b * bs < end; ++b) {
+    uint64_t bb = b * bs, be = bb + BlockRawSize(i, b);
+    const uint8_t* raw = copy != nullptr && bb >= begin && be <= end
+                             ? copy + (bb - begin)
+                             : base() + t->data_offset() + bb;
+    FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, raw));
+  }
+  return Status::Ok();
+}
+
 Status Reader::Impl::DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch,
                                  bool verify) const {
   const fb::Tensor* t = at(i);
@@ -703,17 +728,10 @@ Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* 
       }
     });
     if (!read) return Shrank(i, t->data_offset() + begin);
-    if (verify) {
-      // Blocks the range covers whole are checked in `dst`, after the copy: the bytes handed
-      // out are the bytes verified, even if the file is rewritten under the mapping meanwhile.
-      // Not after streaming stores: those bypassed the cache, and reading them back is slow.
-      for (uint64_t b = begin / bs; b * bs < end; ++b) {
-        uint64_t bb = b * bs, be = bb + BlockRawSize(i, b);
-        const uint8_t* at = !streaming && bb >= begin && be <= end ? dst + (bb - begin)
-                                                                   : base() + t->data_offset() + bb;
-        FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, at));
-      }
-    }
+    // Checked after the copy, in `dst`: the bytes handed out are the bytes verified, even if
+    // the file is rewritten under the mapping meanwhile. Not after streaming stores: those
+    // bypassed the cache, and reading them back is slow.
+    if (verify) return VerifyRawRange(i, begin, len, streaming ? nullptr : dst);
     return Status::Ok();
   }
   // Per-thread buffers: loader workers call this for every piece, and a fresh 4 MiB vector
@@ -785,14 +803,14 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
     impl->has_checksums = false;
     return std::shared_ptr<Reader>(new Reader(std::move(impl)));
   }
-  // The trailer, the footer checksum and the footer copy read the mapping: guarded, so a file
+  // The trailer and the footer copy read the mapping: guarded, so a file
   // truncated while it is being opened is a DataLoss, not a SIGBUS.
   auto shrank = [&] {
     return Error(StatusCode::kDataLoss, path, ": the file shrank while it was being opened (", size,
                  " bytes when mapped)");
   };
   std::optional<Result<FooterLocation>> located;
-  if (!impl->mapping->Guard([&] { located.emplace(LocateFooter(base, size, path)); })) {
+  if (!impl->mapping->Guard([&] { located.emplace(ReadTrailer(base, size, path)); })) {
     return shrank();
   }
   FERRY_ASSIGN_OR_RETURN(FooterLocation loc, std::move(*located));
@@ -809,6 +827,9 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
   if (!impl->mapping->Guard([&] { std::memcpy(copy, base + loc.offset, loc.size); })) {
     return shrank();
   }
+  // Checked on the copy: one pass over the mapping, and the bytes verified are the bytes
+  // parsed even if the file changes meanwhile.
+  FERRY_RETURN_IF_ERROR(CheckFooterSum(reinterpret_cast<const uint8_t*>(copy), loc, path));
   FERRY_ASSIGN_OR_RETURN(impl->checkpoint,
                          ParseFooter(reinterpret_cast<const uint8_t*>(impl->footer_copy.get()),
                                      loc.size, loc.offset, path));
@@ -963,12 +984,7 @@ Result<HostView> Reader::View(std::string_view name, ReadOptions options) const 
                  EncodingName(static_cast<Encoding>(t->encoding())),
                  "; a zero-copy view needs raw encoding (use ReadInto)");
   }
-  if (options.verify) {
-    for (uint64_t b = 0; b < impl_->NumBlocks(i); ++b) {
-      FERRY_RETURN_IF_ERROR(
-          impl_->VerifyBlock(i, b, impl_->base() + t->data_offset() + b * t->block_size()));
-    }
-  }
+  if (options.verify) FERRY_RETURN_IF_ERROR(impl_->VerifyRawRange(i, 0, t->nbytes(), nullptr));
   HostView view;
   view.data = t->nbytes() ? impl_->base() + t->data_offset() : nullptr;
   view.nbytes = t->nbytes();
@@ -1002,17 +1018,13 @@ Status Reader::ReadRowsInto(std::string_view name, int64_t row_begin, int64_t ro
 Status Reader::Verify(std::string_view name) const {
   FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
   const fb::Tensor* t = impl_->at(i);
+  if (t->encoding() == fb::Encoding::RAW) return impl_->VerifyRawRange(i, 0, t->nbytes(), nullptr);
   std::vector<uint8_t> block, scratch;
   for (uint64_t b = 0; b < impl_->NumBlocks(i); ++b) {
-    if (t->encoding() == fb::Encoding::RAW) {
-      FERRY_RETURN_IF_ERROR(
-          impl_->VerifyBlock(i, b, impl_->base() + t->data_offset() + b * t->block_size()));
-    } else {
-      uint64_t raw = impl_->BlockRawSize(i, b);
-      block.resize(raw);
-      scratch.resize(raw);
-      FERRY_RETURN_IF_ERROR(impl_->DecodeBlock(i, b, block.data(), scratch.data(), true));
-    }
+    uint64_t raw = impl_->BlockRawSize(i, b);
+    block.resize(raw);
+    scratch.resize(raw);
+    FERRY_RETURN_IF_ERROR(impl_->DecodeBlock(i, b, block.data(), scratch.data(), true));
   }
   return Status::Ok();
 }

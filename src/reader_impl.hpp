@@ -28,11 +28,18 @@ struct FooterRules {
 Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
                                           const std::string& path, const FooterRules& rules = {});
 
-// Locates and checks the trailer of a whole file image; returns the footer's offset and size.
+// Where the footer is (from the trailer) and the checksum it must have.
 struct FooterLocation {
   uint64_t offset = 0;
   uint64_t size = 0;
+  uint64_t checksum = 0;  // XXH3-64 the trailer records for the footer
 };
+// Trailer only: magic at both ends, a footer length that fits the file.
+Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
+                                   const std::string& path);
+// DataLoss unless `footer` (loc.size bytes) hashes to the trailer's checksum.
+Status CheckFooterSum(const uint8_t* footer, const FooterLocation& loc, const std::string& path);
+// ReadTrailer, then CheckFooterSum in place.
 Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
                                     const std::string& path);
 
@@ -69,6 +76,11 @@ class Reader::Impl {
   Status DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst, uint8_t* scratch,
                       bool verify) const;
   Status VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const;
+  // Checks every block of raw tensor i that overlaps raw bytes [begin, begin + len). Blocks
+  // lying wholly inside the range are checked in `copy` (those bytes, at copy[0] = byte
+  // `begin`), so what is handed out is what was verified; blocks cut by the range, or all
+  // of them when `copy` is null, are checked in the mapping.
+  Status VerifyRawRange(size_t i, uint64_t begin, uint64_t len, const uint8_t* copy) const;
   // Copies raw bytes [begin, begin + len) of tensor i into dst, decoding as needed.
   // `streaming` copies raw bytes with non-temporal stores (for DMA staging buffers that the
   // CPU will not read again).
