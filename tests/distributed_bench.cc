@@ -43,6 +43,7 @@
 #include "ferry/distributed.hpp"
 #include "nccl_probe.hpp"
 #include "nvml_probe.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -678,17 +679,7 @@ int RunChild(int argc, char** argv) {
 
 // ---- the parent ---------------------------------------------------------------------------
 
-pid_t Spawn(const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv("/proc/self/exe", argv.data());
-    _exit(127);
-  }
-  return pid;
-}
+pid_t Spawn(const std::vector<std::string>& args) { return testing::SpawnSelf(args); }
 
 // Waits for every child; once one fails, or at the deadline, the rest are killed (a rank left
 // alone would wait in NCCL forever). Returns the first non-zero status, else 0.

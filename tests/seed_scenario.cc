@@ -19,6 +19,7 @@
 
 #include "ferry/loader.hpp"
 #include "nvml_probe.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -184,14 +185,7 @@ int Load(const std::string& path, int device) {
 }
 
 int RunChild(const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv("/proc/self/exe", argv.data());
-    _exit(127);
-  }
+  pid_t pid = testing::SpawnSelf(args);
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;

@@ -32,6 +32,21 @@ class TempDir {
   std::string path_;
 };
 
+// Starts this program again (via /proc/self/exe) with `args` (args[0] included) in a child
+// process; returns its pid. Multi-process tests use it so that every process is fresh: no
+// CUDA context or NCCL state inherited across fork.
+inline pid_t SpawnSelf(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<uint8_t> out(n);
