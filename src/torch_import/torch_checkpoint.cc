@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "safetensors.hpp"
 #include "torch_import/te_extra_state.hpp"
@@ -26,6 +27,8 @@ using Kind = Value::Kind;
 namespace fs = std::filesystem;
 
 constexpr int kMaxWalkDepth = 64;
+// Chunks of one DCP tensor (overlap is checked pairwise).
+constexpr size_t kMaxChunks = 4096;
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -440,8 +443,51 @@ Status TorchCheckpoint::Walk(const Value* v, const std::string& name, int depth,
 
 Status TorchCheckpoint::Read(const ImportedTensor& t, uint64_t offset, void* dst,
                              uint64_t size) const {
-  return CopyTensorBytes(*t.ref, offset, static_cast<uint8_t*>(dst), size, t.mapping,
-                         StrCat(t.source, ": tensor ", Quote(t.name)));
+  const std::string where = StrCat(t.source, ": tensor ", Quote(t.name));
+  if (t.pieces.empty()) {
+    return CopyTensorBytes(*t.ref, offset, static_cast<uint8_t*>(dst), size, t.mapping, where);
+  }
+  if (offset > t.nbytes || size > t.nbytes - offset) {
+    return Error(StatusCode::kInvalidArgument, where, ": read past the tensor");
+  }
+  // Row by row (the last dimension), each row's bytes from the chunks that hold them; the
+  // chunks were checked at open to cover the tensor exactly.
+  const size_t nd = t.torch_shape.size();
+  const uint64_t is = static_cast<uint64_t>(t.ref->dtype.itemsize);
+  const uint64_t row_bytes = static_cast<uint64_t>(t.torch_shape[nd - 1]) * is;
+  auto* out = static_cast<uint8_t*>(dst);
+  std::vector<int64_t> idx(nd, 0);
+  uint64_t pos = offset;
+  while (pos < offset + size) {
+    uint64_t row = pos / row_bytes, b0 = pos % row_bytes;
+    uint64_t b1 = std::min(row_bytes, b0 + (offset + size - pos));
+    uint64_t r = row;
+    for (size_t d = nd - 1; d-- > 0;) {
+      idx[d] = static_cast<int64_t>(r % static_cast<uint64_t>(t.torch_shape[d]));
+      r /= static_cast<uint64_t>(t.torch_shape[d]);
+    }
+    for (const TensorPiece& p : t.pieces) {
+      const std::vector<int64_t>& ps = p.ref->shape;
+      bool inside = true;
+      uint64_t prow = 0;
+      for (size_t d = 0; d + 1 < nd; ++d) {
+        int64_t local = idx[d] - p.offsets[d];
+        inside &= local >= 0 && local < ps[d];
+        prow = prow * static_cast<uint64_t>(ps[d]) +
+               static_cast<uint64_t>(std::max<int64_t>(local, 0));
+      }
+      if (!inside) continue;
+      uint64_t c0 = static_cast<uint64_t>(p.offsets[nd - 1]) * is;
+      uint64_t c1 = c0 + static_cast<uint64_t>(ps[nd - 1]) * is;
+      uint64_t x0 = std::max(b0, c0), x1 = std::min(b1, c1);
+      if (x0 >= x1) continue;
+      uint64_t src = (prow * static_cast<uint64_t>(ps[nd - 1])) * is + (x0 - c0);
+      FERRY_RETURN_IF_ERROR(CopyTensorBytes(*p.ref, src, out + (row * row_bytes + x0 - offset),
+                                            x1 - x0, p.mapping, where));
+    }
+    pos += b1 - b0;
+  }
+  return Status::Ok();
 }
 
 // ---- Distributed Checkpoint -------------------------------------------------------------
@@ -480,46 +526,9 @@ Status TorchCheckpoint::AddDcp(const std::string& dir) {
     infos[{fqn->s, offsets}] = info;
   }
   std::map<std::string, std::shared_ptr<Mapping>> files;
-  for (const auto& [key, md] : sdm->dict) {
-    if (!key->is_str()) return bad("state_dict_metadata key is not a string");
-    const std::string& fqn = key->s;
-    if (md->is(Kind::kObject) && md->ShortClass() == "BytesStorageMetadata") {
-      skipped_.push_back(StrCat(dir, ": ", Quote(fqn), ": a pickled object (BytesIO item)"));
-      continue;
-    }
-    const Value* chunks = Field(md, "chunks");
-    const Value* size = Field(md, "size");
-    if (chunks == nullptr || !chunks->is(Kind::kList) || size == nullptr ||
-        !size->is(Kind::kTuple)) {
-      return bad("tensor ", Quote(fqn), ": no chunks or size");
-    }
-    if (chunks->items.size() != 1) {
-      return Error(StatusCode::kUnimplemented, meta_path, ": tensor ", Quote(fqn), " is saved in ",
-                   chunks->items.size(),
-                   " chunks; only DCP checkpoints with one chunk per tensor (saved by one "
-                   "process, or gathered) are read");
-    }
-    const Value* chunk = chunks->items[0];
-    std::vector<int64_t> offsets, sizes, global;
-    for (auto [field, out] : {std::pair{"offsets", &offsets}, std::pair{"sizes", &sizes}}) {
-      const Value* f = Field(chunk, field);
-      if (f == nullptr || !f->is(Kind::kTuple)) return bad("tensor ", Quote(fqn), ": bad chunk");
-      for (const Value* x : f->items) {
-        if (!x->is(Kind::kInt)) return bad("tensor ", Quote(fqn), ": bad chunk");
-        out->push_back(x->i);
-      }
-    }
-    for (const Value* x : size->items) {
-      if (!x->is(Kind::kInt)) return bad("tensor ", Quote(fqn), ": bad size");
-      global.push_back(x->i);
-    }
-    if (sizes != global ||
-        std::any_of(offsets.begin(), offsets.end(), [](int64_t x) { return x; })) {
-      return bad("tensor ", Quote(fqn), ": its one chunk does not cover the whole tensor");
-    }
-    auto it = infos.find({fqn, offsets});
-    if (it == infos.end()) return bad("tensor ", Quote(fqn), ": no storage_data entry");
-    const Value* info = it->second;
+  // One item of a data file: a torch.save archive at (relative_path, offset, length).
+  using Item = std::tuple<Value*, const Mapping*, std::string>;
+  auto load_item = [&](const std::string& fqn, const Value* info) -> Result<Item> {
     const Value* rel = Field(info, "relative_path");
     const Value* off = Field(info, "offset");
     const Value* len = Field(info, "length");
@@ -549,16 +558,107 @@ Status TorchCheckpoint::AddDcp(const std::string& dir) {
     }
     const std::string where = StrCat(data_path, " at offset ", o64);
     FERRY_ASSIGN_OR_RETURN(Value * v, LoadTorchZip(heap_.get(), m->data() + o64, l64, where));
-    if (!v->is(Kind::kTensor)) return bad("tensor ", Quote(fqn), ": its data is not a tensor");
-    if (v->tensor->shape != global) {
-      return Error(StatusCode::kDataLoss, where, ": tensor ", Quote(fqn),
-                   " has a shape other than the metadata's");
+    return Item{v, m.get(), data_path};
+  };
+  for (const auto& [key, md] : sdm->dict) {
+    if (!key->is_str()) return bad("state_dict_metadata key is not a string");
+    const std::string& fqn = key->s;
+    if (md->is(Kind::kObject) && md->ShortClass() == "BytesStorageMetadata") {
+      skipped_.push_back(StrCat(dir, ": ", Quote(fqn), ": a pickled object (BytesIO item)"));
+      continue;
     }
-    if (EndsWith(fqn, "_extra_state")) {
-      FERRY_RETURN_IF_ERROR(Walk(v, fqn, 0, m.get(), data_path));
-    } else {
-      FERRY_RETURN_IF_ERROR(AddTensor(fqn, v, m.get(), data_path));
+    const Value* chunks = Field(md, "chunks");
+    const Value* size = Field(md, "size");
+    if (chunks == nullptr || !chunks->is(Kind::kList) || size == nullptr ||
+        !size->is(Kind::kTuple)) {
+      return bad("tensor ", Quote(fqn), ": no chunks or size");
     }
+    std::vector<int64_t> global;
+    for (const Value* x : size->items) {
+      if (!x->is(Kind::kInt) || x->i < 0) return bad("tensor ", Quote(fqn), ": bad size");
+      global.push_back(x->i);
+    }
+    if (chunks->items.empty() || chunks->items.size() > kMaxChunks) {
+      return bad("tensor ", Quote(fqn), ": ", chunks->items.size(), " chunks");
+    }
+    ImportedTensor whole;
+    std::vector<std::vector<int64_t>> boxes_off, boxes_size;
+    uint64_t covered = 0;
+    for (size_t c = 0; c < chunks->items.size(); ++c) {
+      const Value* chunk = chunks->items[c];
+      std::vector<int64_t> offsets, sizes;
+      for (auto [field, out] : {std::pair{"offsets", &offsets}, std::pair{"sizes", &sizes}}) {
+        const Value* f = Field(chunk, field);
+        if (f == nullptr || !f->is(Kind::kTuple)) return bad("tensor ", Quote(fqn), ": bad chunk");
+        for (const Value* x : f->items) {
+          if (!x->is(Kind::kInt) || x->i < 0) return bad("tensor ", Quote(fqn), ": bad chunk");
+          out->push_back(x->i);
+        }
+      }
+      if (offsets.size() != global.size() || sizes.size() != global.size()) {
+        return bad("tensor ", Quote(fqn), ": chunk ", c, " has the wrong rank");
+      }
+      uint64_t numel = 1;
+      for (size_t d = 0; d < global.size(); ++d) {
+        if (offsets[d] > global[d] || sizes[d] > global[d] - offsets[d]) {
+          return bad("tensor ", Quote(fqn), ": chunk ", c, " lies outside the tensor");
+        }
+        numel *= static_cast<uint64_t>(sizes[d]);
+      }
+      for (size_t o = 0; o < boxes_off.size(); ++o) {
+        bool overlap = numel > 0;
+        for (size_t d = 0; d < global.size() && overlap; ++d) {
+          overlap = offsets[d] < boxes_off[o][d] + boxes_size[o][d] &&
+                    boxes_off[o][d] < offsets[d] + sizes[d];
+        }
+        if (overlap) return bad("tensor ", Quote(fqn), ": chunks ", o, " and ", c, " overlap");
+      }
+      covered += numel;
+      boxes_off.push_back(offsets);
+      boxes_size.push_back(sizes);
+      auto it = infos.find({fqn, offsets});
+      if (it == infos.end()) {
+        return bad("tensor ", Quote(fqn), ": no storage_data entry for chunk ", c);
+      }
+      FERRY_ASSIGN_OR_RETURN(auto loaded, load_item(fqn, it->second));
+      auto [v, m, data_path] = loaded;
+      if (!v->is(Kind::kTensor) || v->tensor->shape != sizes) {
+        return Error(StatusCode::kDataLoss, data_path, ": tensor ", Quote(fqn), " chunk ", c,
+                     " is not a tensor of the chunk's shape");
+      }
+      if (EndsWith(fqn, "_extra_state")) {
+        if (chunks->items.size() != 1) return bad("extra state ", Quote(fqn), " in chunks");
+        FERRY_RETURN_IF_ERROR(Walk(v, fqn, 0, m, data_path));
+        break;
+      }
+      if (c == 0) {
+        FERRY_RETURN_IF_ERROR(AddTensor(fqn, v, m, data_path));
+        whole = tensors_.back();
+        tensors_.pop_back();
+      } else if (v->tensor->dtype.name != whole.ref->dtype.name) {
+        return Error(StatusCode::kDataLoss, data_path, ": tensor ", Quote(fqn), " chunk ", c,
+                     " has another dtype than chunk 0");
+      }
+      whole.pieces.push_back(TensorPiece{v->tensor, m, offsets});
+    }
+    if (EndsWith(fqn, "_extra_state")) continue;
+    uint64_t total = 1;
+    for (int64_t g : global) total *= static_cast<uint64_t>(g);
+    if (covered != total) {
+      return bad("tensor ", Quote(fqn), ": its chunks cover ", covered, " of its ", total,
+                 " elements");
+    }
+    whole.torch_shape = global;
+    whole.shape = global;
+    if (whole.ref->dtype.packed_x2) {
+      if (whole.shape.empty()) whole.shape.push_back(1);
+      whole.shape.back() *= 2;
+    }
+    whole.nbytes = total * static_cast<uint64_t>(whole.ref->dtype.itemsize);
+    if (whole.pieces.size() == 1 || global.empty()) {
+      whole.pieces.clear();  // one chunk is the tensor: read it directly
+    }
+    tensors_.push_back(std::move(whole));
   }
   return Status::Ok();
 }

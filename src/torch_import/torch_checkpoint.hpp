@@ -36,6 +36,13 @@ bool IsContiguous(const TensorRef& t);
 Result<Value*> LoadTorchZip(Heap* heap, const uint8_t* data, uint64_t size,
                             const std::string& where);
 
+// One chunk of a tensor saved in several (DCP): where it starts in the whole tensor.
+struct TensorPiece {
+  const TensorRef* ref = nullptr;
+  const Mapping* mapping = nullptr;
+  std::vector<int64_t> offsets;
+};
+
 struct ImportedTensor {
   std::string name;
   DType dtype = DType::kU8;
@@ -45,6 +52,10 @@ struct ImportedTensor {
   const Mapping* mapping = nullptr;  // the file the bytes are in
   std::string source;                // file, for messages
   std::string location;              // the device the storage was saved from (ignored)
+  // Non-empty for a tensor assembled from chunks that cover it exactly (then `ref` is the
+  // first chunk's, for its dtype); each read gathers the rows it needs from them.
+  std::vector<TensorPiece> pieces;
+  std::vector<int64_t> torch_shape;  // the whole tensor's shape, in torch elements
 };
 
 class TorchCheckpoint {

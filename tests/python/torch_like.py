@@ -94,6 +94,14 @@ def _build_fakes():
         cls.__module__ = "torch"
         cls.__qualname__ = k
         setattr(torch, k, cls)
+    class Size(tuple):
+        def __reduce__(self):
+            return (Size, (tuple(self),))
+
+    Size.__module__ = "torch"
+    Size.__qualname__ = "Size"
+    torch.Size = Size
+    torch.strided = _DType("strided")
     utils = _module("torch._utils", _rebuild_tensor_v2=_fn("v2"), _rebuild_tensor_v3=_fn("v3"),
                     _rebuild_parameter=_fn("param"), _rebuild_tensor=_fn("v1"))
     storage_mod = _module("torch.storage", _load_from_bytes=_fn("_load_from_bytes"))
@@ -104,10 +112,77 @@ def _build_fakes():
     te_common = _module("transformer_engine.common")
     te.common = te_common
     te_common.recipe = recipe
+    dcp = _dcp_modules()
     osmod = sys.modules["os"]
-    return {"torch": torch, "torch._utils": utils, "torch.storage": storage_mod,
+    return {**dcp, "torch": torch, "torch._utils": utils, "torch.storage": storage_mod,
             "transformer_engine": te, "transformer_engine.common": te_common,
             "transformer_engine.common.recipe": recipe, "os": osmod}
+
+
+def _dcp_modules():
+    meta = types.ModuleType("torch.distributed.checkpoint.metadata")
+    fsm = types.ModuleType("torch.distributed.checkpoint.filesystem")
+
+    class _MEM_FORMAT_ENCODING(enum.Enum):
+        TORCH_CONTIGUOUS_FORMAT = 0
+        TORCH_CHANNELS_LAST = 1
+        TORCH_PRESERVE_FORMAT = 2
+
+    @dataclasses.dataclass
+    class ChunkStorageMetadata:
+        offsets: tuple
+        sizes: tuple
+
+    @dataclasses.dataclass
+    class TensorProperties:
+        dtype: object = None
+
+        def __getstate__(self):
+            return (self.dtype, _FAKES["torch"].strided, False,
+                    _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT, False)
+
+        def __setstate__(self, state):
+            self.dtype = state[0]
+
+    @dataclasses.dataclass
+    class TensorStorageMetadata:
+        properties: TensorProperties
+        size: tuple
+        chunks: list
+
+    @dataclasses.dataclass
+    class BytesStorageMetadata:
+        pass
+
+    @dataclasses.dataclass(frozen=True)
+    class MetadataIndex:
+        fqn: str
+        offset: object = None
+        index: object = dataclasses.field(hash=False, compare=False, default=None)
+
+    @dataclasses.dataclass
+    class Metadata:
+        state_dict_metadata: dict
+        planner_data: object = None
+        storage_data: object = None
+        storage_meta: object = None
+
+    @dataclasses.dataclass
+    class _StorageInfo:
+        relative_path: str
+        offset: int
+        length: int
+        transform_descriptors: object = None
+
+    for m, classes in ((meta, (_MEM_FORMAT_ENCODING, ChunkStorageMetadata, TensorProperties,
+                               TensorStorageMetadata, BytesStorageMetadata, MetadataIndex,
+                               Metadata)), (fsm, (_StorageInfo,))):
+        for cls in classes:
+            cls.__module__ = m.__name__
+            cls.__qualname__ = cls.__name__
+            setattr(m, cls.__name__, cls)
+    return {"torch.distributed.checkpoint.metadata": meta,
+            "torch.distributed.checkpoint.filesystem": fsm}
 
 
 def _te_recipe_module():
@@ -349,3 +424,37 @@ def te_state(recipe_obj, num_gemms=1, history=4, seed=0, make=None):
 
 def uint8_tensor(data):
     return tensor(np.frombuffer(bytes(data), np.uint8).copy())
+
+
+# ---- PyTorch Distributed Checkpoint folders ---------------------------------------------------
+
+def dcp_save(state_dict, directory, chunks=None):
+    """What torch.distributed.checkpoint.save writes from one process: `.metadata` (a pickled
+    Metadata) and `__0_0.distcp` holding one torch.save archive per tensor. `chunks` maps a
+    name to a list of (offsets, Tensor) to describe a tensor saved in several chunks."""
+    import os
+
+    meta = _FAKES["torch.distributed.checkpoint.metadata"]
+    fsm = _FAKES["torch.distributed.checkpoint.filesystem"]
+    Size = torch.Size
+    os.makedirs(directory, exist_ok=True)
+    data = io.BytesIO()
+    sdm, storage = {}, {}
+    for name, t in state_dict.items():
+        parts = (chunks or {}).get(name) or [((0,) * len(t.shape), t)]
+        cms = []
+        for offsets, part in parts:
+            blob = torch_save_bytes(part, root="archive")
+            info = fsm._StorageInfo("__0_0.distcp", data.tell(), len(blob))
+            data.write(blob)
+            storage[meta.MetadataIndex(name, Size(offsets), len(cms))] = info
+            cms.append(meta.ChunkStorageMetadata(Size(offsets), Size(part.shape)))
+        sdm[name] = meta.TensorStorageMetadata(
+            meta.TensorProperties(getattr(torch, t.storage.dtype)), Size(t.shape), cms)
+    with open(os.path.join(directory, "__0_0.distcp"), "wb") as f:
+        f.write(data.getvalue())
+    md = meta.Metadata(state_dict_metadata=sdm, planner_data={}, storage_data=storage)
+    with fake_modules():
+        blob = pickle.dumps(md, protocol=4)
+    with open(os.path.join(directory, ".metadata"), "wb") as f:
+        f.write(blob)
