@@ -2,14 +2,15 @@
 // once pays (new mapping and page tables, new CUDA context, first pinned ring, fresh device
 // memory), beside the pinned host-to-device ceiling measured in the same run.
 //
-//   oneshot_bench [--gib=8] [--dirs=/dev/shm,/var/tmp] [--reps=3] [--cases=NAME,...]
-//                 [--host_only] [--no_host] [--keep]
+//   oneshot_bench [--gib=8] [--dirs=/dev/shm,/var/tmp] [--reps=3] [--cases='SPEC;SPEC']
+//                 [--host_only] [--no_host] [--host_all_dirs] [--keep]
 //
 // The parent writes an 8 GiB llama-like bf16 checkpoint once into the first directory, copies
 // it into the others (fsync'd, then read once so it sits in the page cache), and runs every
 // case in a child it forks and re-executes (`oneshot_bench --child SPEC PATH FORK_TIME`), so
 // nothing is inherited. A child prints one RESULT line; the parent prints a table per
-// directory: the median load GB/s over the repetitions, its fraction of the ceiling, time to
+// directory (host-memory cases run in the first directory only, unless --host_all_dirs):
+// the median load GB/s over the repetitions, its fraction of the ceiling, time to
 // the first tensor and where the time went.
 //
 // Cases are specs "name:key=value,...":
@@ -871,7 +872,7 @@ int Parent(int argc, char** argv) {
   int reps = 3;
   std::vector<std::string> dirs = {"/dev/shm", "/var/tmp"};
   std::vector<std::string> cases;
-  bool host = true, gpu = true, keep = false;
+  bool host = true, gpu = true, keep = false, host_all_dirs = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto list = [](const std::string& s) {
@@ -896,11 +897,14 @@ int Parent(int argc, char** argv) {
       gpu = false;
     } else if (a == "--no_host") {
       host = false;
+    } else if (a == "--host_all_dirs") {
+      host_all_dirs = true;
     } else if (a == "--keep") {
       keep = true;
     } else {
       Die("unknown argument " + a +
-          " (--gib=N --reps=N --dirs=a,b --cases='spec;spec' --host_only --no_host --keep)");
+          " (--gib=N --reps=N --dirs=a,b --cases='spec;spec' --host_only --no_host "
+          "--host_all_dirs --keep)");
     }
   }
   if (cases.empty()) {
@@ -927,6 +931,7 @@ int Parent(int argc, char** argv) {
       for (size_t c = 0; c < cases.size(); ++c) {
         Spec spec = ParseSpec(cases[c]);
         bool gpu_case = spec.Get("kind", "").rfind("host_", 0) != 0;
+        if (!gpu_case && d > 0 && !host_all_dirs) continue;
         if (gpu_case && !gpu_ok) {
           rows[c].name = spec.name;
           rows[c].note = "skipped_no_gpu";
@@ -962,6 +967,9 @@ int Parent(int argc, char** argv) {
     } else if (!gpu_rows.empty()) {
       PrintTable(dirs[d], gpu_rows, ceiling);
     }
+    host_rows.erase(std::remove_if(host_rows.begin(), host_rows.end(),
+                                   [](const Row& r) { return r.name.empty(); }),
+                    host_rows.end());
     if (!host_rows.empty()) {
       std::printf("(host rows: 'ceil' is the fraction of host_memcpy, %.1f GB/s)", host_ceiling);
       PrintTable(dirs[d] + " (host memory target)", host_rows, host_ceiling);
