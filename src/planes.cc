@@ -131,7 +131,8 @@ Status DecodeUnitStreams(const uint8_t* unit, uint32_t usize, const uint16_t* ta
   for (uint32_t t = 0; t < kStreamsPerUnit; ++t) {
     const uint32_t nw = unit[t];
     const uint64_t s0 = uint64_t{first} + uint64_t{t} * sps;
-    const uint32_t nsym = s0 >= count ? 0 : static_cast<uint32_t>(std::min<uint64_t>(sps, count - s0));
+    const uint32_t nsym =
+        s0 >= count ? 0 : static_cast<uint32_t>(std::min<uint64_t>(sps, count - s0));
     const uint8_t* w = p;
     const uint8_t* wend = p + 4 * nw;
     p = wend;
@@ -470,9 +471,8 @@ Status DecodeParsed(const uint8_t* src, const Layout& l, uint8_t* dst, uint8_t* 
     const uint8_t* utable = sec + kCodedUnitTableOffset;
     for (uint32_t u = 0; u < l.nunits; ++u) {
       uint32_t a = Load32(utable + 4 * size_t{u}), b = Load32(utable + 4 * (size_t{u} + 1));
-      FERRY_RETURN_IF_ERROR(DecodeUnitStreams(sec + a, b - a, table.entry, p.max_len,
-                                              u * usyms, l.count, l.symbols_per_stream, plane, u,
-                                              k));
+      FERRY_RETURN_IF_ERROR(DecodeUnitStreams(sec + a, b - a, table.entry, p.max_len, u * usyms,
+                                              l.count, l.symbols_per_stream, plane, u, k));
     }
   }
   if (l.width == 1) {

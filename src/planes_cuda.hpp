@@ -25,10 +25,11 @@ struct DeviceJob {
 };
 
 // Enqueues the decode of jobs[0..n) on `stream` (the caller's current device). `errors` is
-// device memory for n uint32 values; they are cleared first, and once the stream passes this
-// point errors[i] != 0 says block i is corrupt (DeviceErrorText explains the value). No read
-// or write leaves the blocks' extents, whatever their contents. Returns an error only for
-// launch failures and misaligned inputs.
+// device memory for n uint32 values that hold zero when the decode runs (the caller clears
+// them once, for as many decodes as it likes); once the stream passes this point
+// errors[i] != 0 says block i is corrupt (DeviceErrorText explains the value). No read or
+// write leaves the blocks' extents, whatever their contents. Returns an error only for launch
+// failures and misaligned inputs. Thread-safe.
 Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream_t stream);
 
 // "unit U of plane K: <what>" for a nonzero device error value.

@@ -2,6 +2,8 @@
 // decoding table of each coded plane in shared memory, each warp decodes one unit of one plane
 // (lane t decodes stream t) into shared memory, then all threads interleave the coded planes
 // with the raw planes read from global memory and store whole elements, 16 bytes at a time.
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -303,18 +305,25 @@ std::string DeviceErrorText(uint32_t code) {
 
 Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream_t stream) {
   if (n <= 0) return Status::Ok();
-  cudaError_t e = cudaMemsetAsync(errors, 0, sizeof(uint32_t) * n, stream);
+  cudaError_t e;
+  // The shared-memory opt-in belongs to each device's context: set once per device.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  e = cudaGetDevice(&device);
   if (e != cudaSuccess) {
-    return Error(StatusCode::kCudaError, "planes decode: cudaMemsetAsync: ", cudaGetErrorString(e));
+    return Error(StatusCode::kCudaError, "planes decode: cudaGetDevice: ", cudaGetErrorString(e));
   }
-  // Per device context, so set on every call (a host-side attribute write).
   const size_t kMaxShared =
       sizeof(uint16_t) * kTableEntries * kMaxWidth + kWarps * size_t{kUnitBuffer};
-  e = cudaFuncSetAttribute(PlanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kMaxShared));
-  if (e != cudaSuccess) {
-    return Error(StatusCode::kCudaError, "planes decode: cudaFuncSetAttribute: ",
-                 cudaGetErrorString(e));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (!(configured.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(PlanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kMaxShared));
+    if (e != cudaSuccess) {
+      return Error(StatusCode::kCudaError,
+                   "planes decode: cudaFuncSetAttribute: ", cudaGetErrorString(e));
+    }
+    configured.fetch_or(bit, std::memory_order_acq_rel);
   }
   for (int first = 0; first < n;) {
     KParams p;
@@ -330,7 +339,8 @@ Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream
       const DeviceJob& d = jobs[first + c];
       const Layout& l = d.layout;
       if (reinterpret_cast<uintptr_t>(d.src) % 16 != 0) {
-        return Error(StatusCode::kInvalidArgument, "planes decode: source block not 16-byte aligned");
+        return Error(StatusCode::kInvalidArgument,
+                     "planes decode: source block not 16-byte aligned");
       }
       KJob& k = p.jobs[c];
       k.src = d.src;
@@ -366,7 +376,8 @@ Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream
       PlanesKernel<<<ctas, kThreads, shared, stream>>>(p);
       e = cudaGetLastError();
       if (e != cudaSuccess) {
-        return Error(StatusCode::kCudaError, "planes decode: kernel launch: ", cudaGetErrorString(e));
+        return Error(StatusCode::kCudaError,
+                     "planes decode: kernel launch: ", cudaGetErrorString(e));
       }
     }
     first += count;

@@ -60,9 +60,8 @@ inline std::vector<uint8_t> NormalWeights(size_t n, size_t width, float stddev, 
 inline void SprinkleSpecials(std::vector<uint8_t>& data, size_t width) {
   static const uint16_t k16[] = {0x7fc0, 0xffc1, 0x7f81, 0x7f80, 0xff80, 0x0001, 0x8001,
                                  0x8000, 0x0000, 0x7f7f, 0x007f, 0x7e00, 0xfc00, 0x7c01};
-  static const uint32_t k32[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u,
-                                 0xff800000u, 0x00000001u, 0x807fffffu, 0x80000000u,
-                                 0x00000000u, 0x7f7fffffu};
+  static const uint32_t k32[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                 0x00000001u, 0x807fffffu, 0x80000000u, 0x00000000u, 0x7f7fffffu};
   static const uint64_t k64[] = {0x7ff8000000000001ull, 0xfff0000000000000ull,
                                  0x0000000000000001ull, 0x8000000000000000ull};
   size_t count = data.size() / width;

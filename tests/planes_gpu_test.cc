@@ -64,6 +64,7 @@ void DeviceDecode(const std::vector<Block>& blocks, std::vector<std::vector<uint
   ASSERT_EQ(cudaMalloc(&ddst, dst_total + 1), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&derr, 4 * blocks.size() + 4), cudaSuccess);
   ASSERT_EQ(cudaMemset(ddst, 0xEE, dst_total + 1), cudaSuccess);
+  ASSERT_EQ(cudaMemset(derr, 0, 4 * blocks.size() + 4), cudaSuccess);
   std::vector<planes::DeviceJob> jobs;
   for (size_t i = 0; i < blocks.size(); ++i) {
     ASSERT_EQ(cudaMemcpy(dsrc + so[i], blocks[i].enc.data(), blocks[i].enc.size(),
@@ -99,8 +100,8 @@ TEST(PlanesGpuTest, MatchesCpuDecodeForEveryWidthAndEdgeSize) {
     for (size_t n : {size_t{1}, width + 1, u - width, u - 1, u, u + 1, u + width, 9 * u + 5,
                      size_t{4} << 20}) {
       for (int kind = 0; kind < 3; ++kind) {
-        std::vector<uint8_t> raw = kind == 0 ? NormalWeights(n, width, 0.02f, n + width)
-                                             : RandomBytes(n, n * 7 + width);
+        std::vector<uint8_t> raw =
+            kind == 0 ? NormalWeights(n, width, 0.02f, n + width) : RandomBytes(n, n * 7 + width);
         if (kind == 2) SprinkleSpecials(raw = NormalWeights(n, width, 1.0f, n), width);
         blocks.push_back(Make(std::move(raw), width));
       }
@@ -113,9 +114,9 @@ TEST(PlanesGpuTest, MatchesCpuDecodeForEveryWidthAndEdgeSize) {
         ASSERT_EQ(errors[i], 0u) << planes::DeviceErrorText(errors[i]) << " width " << width
                                  << " block " << i;
         std::vector<uint8_t> cpu(blocks[i].raw.size()), scratch(cpu.size());
-        ASSERT_TRUE(planes::DecodeParsed(blocks[i].enc.data(), blocks[i].layout, cpu.data(),
-                                         scratch.data())
-                        .ok());
+        ASSERT_TRUE(
+            planes::DecodeParsed(blocks[i].enc.data(), blocks[i].layout, cpu.data(), scratch.data())
+                .ok());
         ASSERT_TRUE(cpu == blocks[i].raw);
         ASSERT_TRUE(out[i] == cpu) << "width " << width << " block " << i << " of "
                                    << blocks[i].raw.size() << " bytes, shift " << shift;
@@ -168,8 +169,8 @@ TEST(PlanesGpuTest, CorruptUnitsAreReportedNotFaults) {
     // block checksum then rejects).
     std::vector<uint8_t> cpu(n), scratch(n);
     Status st = planes::DecodeParsed(blocks[i].enc.data(), l, cpu.data(), scratch.data());
-    EXPECT_EQ(st.ok(), errors[i] == 0) << i << " " << st.ToString() << " / "
-                                       << planes::DeviceErrorText(errors[i]);
+    EXPECT_EQ(st.ok(), errors[i] == 0)
+        << i << " " << st.ToString() << " / " << planes::DeviceErrorText(errors[i]);
     if (st.ok() && errors[i] == 0) EXPECT_TRUE(cpu == out[i]) << i;
   }
   // The context is still healthy.
@@ -189,6 +190,7 @@ TEST(PlanesGpuTest, DecodeOnAStreamRunsAfterTheStreamsEarlierWork) {
   CUDA_OK(cudaMalloc(&dsrc, b.enc.size()));
   CUDA_OK(cudaMalloc(&ddst, n));
   CUDA_OK(cudaMalloc(&derr, 4));
+  CUDA_OK(cudaMemset(derr, 0, 4));
   CUDA_OK(cudaMemset(dsrc, 0xff, b.enc.size()));  // garbage until the copy lands
   CUDA_OK(cudaDeviceSynchronize());
   for (int round = 0; round < 3; ++round) {

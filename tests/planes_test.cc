@@ -61,8 +61,8 @@ TEST(PlanesTest, RoundTripEveryWidthAndEdgeSize) {
     for (size_t n : {size_t{0}, size_t{1}, width - 1 + 1, u - width, u - 1, u, u + 1, u + width,
                      3 * u + 5, 4 * u + 3 * width, size_t{4} << 20}) {
       for (int kind = 0; kind < 3; ++kind) {
-        std::vector<uint8_t> raw = kind == 0 ? NormalWeights(n, width, 0.02f, n + width)
-                                             : RandomBytes(n, n * 7 + width);
+        std::vector<uint8_t> raw =
+            kind == 0 ? NormalWeights(n, width, 0.02f, n + width) : RandomBytes(n, n * 7 + width);
         if (kind == 2) SprinkleSpecials(raw = NormalWeights(n, width, 1.0f, n), width);
         std::vector<uint8_t> enc = EncodeOrDie(raw, width, -1);
         if (n == 0) {
