@@ -316,6 +316,15 @@ Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream
   const size_t kMaxShared =
       sizeof(uint16_t) * kTableEntries * kMaxWidth + kWarps * size_t{kUnitBuffer};
   const uint64_t bit = uint64_t{1} << (device & 63);
+  static std::atomic<int> sm_count[64];
+  int sms = sm_count[device & 63].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        sms <= 0) {
+      sms = 132;
+    }
+    sm_count[device & 63].store(sms, std::memory_order_relaxed);
+  }
   if (!(configured.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(PlanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(kMaxShared));
@@ -333,7 +342,12 @@ Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream
     for (int i = first; i < n && count < kMaxJobs; ++i, ++count) {
       coded_max = std::max(coded_max, static_cast<int>(jobs[i].layout.coded_planes));
     }
-    const int upc = std::max(1, kWarps / std::max(coded_max, 1));
+    // Units per CTA: up to one per warp, fewer when the launch is small, so that a single
+    // block still spreads over every SM (each CTA then builds its tables for less work).
+    uint64_t units = 0;
+    for (int i = first; i < first + count; ++i) units += jobs[i].layout.nunits;
+    const int upc = static_cast<int>(std::clamp<uint64_t>(
+        units / (2 * static_cast<uint64_t>(sms)), 1, std::max(1, kWarps / std::max(coded_max, 1))));
     uint32_t ctas = 0;
     for (int c = 0; c < count; ++c) {
       const DeviceJob& d = jobs[first + c];
