@@ -17,6 +17,10 @@ is looked up). Tensors cross by DLPack (``DLPackTensor``); FP8, FP6, FP4 and bfl
 numpy through ml_dtypes.
 """
 
+# The package's version, equal to the library's (CMakeLists.txt: project VERSION); the wheel
+# build reads it from here.
+__version__ = "0.1.0"
+
 import atexit
 import ctypes
 import threading

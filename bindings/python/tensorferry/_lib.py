@@ -349,6 +349,7 @@ def _declare(lib):
     fn("ferry_dlpack_free", None, c_void_p)
     fn("ferry_dlpack_to_legacy", I, c_void_p, POINTER(c_void_p), E)
     fn("ferry_dlpack_legacy_free", None, c_void_p)
+    fn("ferry_dlpack_capsule_destructor", None, c_void_p)
 
     fn("ferry_writer_options_init", None, POINTER(WriterOptions))
     fn("ferry_writer_create", I, c_char_p, POINTER(WriterOptions), POINTER(c_void_p), E)
