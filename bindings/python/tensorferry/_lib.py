@@ -11,6 +11,7 @@ Where libferry.so comes from, first match wins:
 
 import ctypes
 import ctypes.util
+import errno
 import glob
 import os
 import threading
@@ -211,6 +212,19 @@ class InvalidArgumentError(FerryError, ValueError):
 
 class NotFoundError(FerryError, LookupError):
     pass
+
+
+class MissingFileError(NotFoundError, FileNotFoundError):
+    """The checkpoint file does not exist: a FileNotFoundError, as Python's open() raises."""
+
+    def __init__(self, code, message, filename=None):
+        super().__init__(code, message)
+        self.errno = errno.ENOENT
+        self.strerror = message
+        self.filename = filename
+
+    def __str__(self):
+        return self.strerror
 
 
 class DataLossError(FerryError):
