@@ -62,7 +62,7 @@ run_step("install" ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${PREFIX}
 # The exported package names no path of the machine that built it.
 file(GLOB_RECURSE exported "${PREFIX}/*/cmake/TensorFerry/*.cmake")
 foreach(f ${exported})
-  file(STRINGS "${f}" hits REGEX "libzstd\\.a|/usr/lib")
+  file(STRINGS "${f}" hits REGEX "/[A-Za-z0-9_.+-]+/[A-Za-z0-9_./+-]*zstd")
   if(hits)
     message(FATAL_ERROR "${f} names a path of the build machine: ${hits}")
   endif()
