@@ -202,8 +202,9 @@ def torch_data(torch):
 
 def same_t(torch, a, b):
     assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
-    assert torch.equal(a.cpu().view(torch.uint8) if a.dim() else a.cpu(),
-                       b.cpu().view(torch.uint8) if b.dim() else b.cpu())
+    a, b = a.cpu().contiguous(), b.cpu().contiguous()
+    assert torch.equal(a.view(torch.uint8) if a.dim() else a,
+                       b.view(torch.uint8) if b.dim() else b)
 
 
 def test_torch_files_and_bytes(torch, tmp_path):
