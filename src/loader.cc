@@ -2,10 +2,6 @@
 // registered page cache) onto the caller's device and stream, or into host memory.
 #include "ferry/loader.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -16,8 +12,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "block_source.hpp"
 #include "cuda_util.hpp"
-#include "reader_impl.hpp"
 #include "util.hpp"
 #include "worker_pool.hpp"
 
@@ -36,12 +32,7 @@ constexpr uint64_t kArenaTensorLimit = uint64_t{1} << 20;
 // Copy-bound loads (raw tensors) run on at most this many workers; see LoaderOptions::threads.
 constexpr int kCopyWorkers = 8;
 
-struct Resolved {
-  size_t tensor = 0;
-  uint64_t begin = 0;  // raw byte range within the tensor
-  uint64_t len = 0;
-  uint64_t file_offset = 0;  // for ordering reads
-  TensorInfo info;
+struct Resolved : Extent {
   uint8_t* dst = nullptr;
   // Destinations with the same id belong to one allocation; a single DMA may only span
   // pieces of one allocation (adjacent cudaMalloc blocks are not one copyable range).
@@ -74,8 +65,6 @@ struct Batch {
   uint64_t span_begin = 0, span_len = 0;
 };
 
-// Page and O_DIRECT alignment (also the unit of page-cache registration).
-constexpr uint64_t kDirectAlign = 4096;
 // Below this resident fraction a load counts as cold and takes direct I/O (IoMode::kAuto).
 constexpr double kColdFraction = 0.5;
 // Room past a chunk for aligning a direct read's start and end.
@@ -93,55 +82,29 @@ int DefaultThreads() {
   return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
 }
 
-// Resolves requests (all tensors when empty) against the reader, sorted by file offset so
+// Resolves requests (all tensors when empty) against the source, sorted by file offset so
 // reads stream through the file.
-Result<std::vector<Resolved>> Resolve(const Reader::Impl& r,
+Result<std::vector<Resolved>> Resolve(const BlockSource& r,
                                       const std::vector<LoadRequest>& requests,
                                       std::vector<size_t>* request_order) {
-  std::vector<Resolved> out;
-  if (requests.empty()) {
-    out.resize(r.size());
-    for (size_t i = 0; i < r.size(); ++i) {
-      out[i].tensor = i;
-      out[i].len = r.at(i)->nbytes();
-    }
-  } else {
-    out.resize(requests.size());
-    for (size_t k = 0; k < requests.size(); ++k) {
-      const LoadRequest& q = requests[k];
-      FERRY_ASSIGN_OR_RETURN(out[k].tensor, r.Lookup(q.name));
-      const fb::Tensor* t = r.at(out[k].tensor);
-      if (q.row_begin == 0 && q.row_end < 0) {
-        out[k].len = t->nbytes();
-      } else {
-        int64_t rows = t->shape() && t->shape()->size() ? t->shape()->Get(0) : 0;
-        int64_t row_end = q.row_end < 0 ? rows : q.row_end;
-        FERRY_ASSIGN_OR_RETURN(auto range, r.RowRange(out[k].tensor, q.row_begin, row_end));
-        out[k].begin = range.first;
-        out[k].len = range.second;
-      }
-      if (q.dst != nullptr && q.dst_bytes < out[k].len) {
-        return Error(StatusCode::kInvalidArgument, r.Where(out[k].tensor), ": needs ", out[k].len,
-                     " bytes, destination holds ", q.dst_bytes);
-      }
-      out[k].dst = static_cast<uint8_t*>(q.dst);
-    }
-  }
+  std::vector<Resolved> out(requests.empty() ? r.size() : requests.size());
   for (size_t k = 0; k < out.size(); ++k) {
-    out[k].info = r.Info(out[k].tensor);
-    out[k].file_offset = out[k].info.data_offset + out[k].begin;
-    if (!requests.empty()) {
-      const LoadRequest& q = requests[k];
-      if (!(q.row_begin == 0 && q.row_end < 0)) {
-        int64_t rows = out[k].info.shape[0];
-        out[k].info.shape[0] = (q.row_end < 0 ? rows : q.row_end) - q.row_begin;
-      }
+    if (requests.empty()) {
+      FERRY_ASSIGN_OR_RETURN(static_cast<Extent&>(out[k]), r.Locate(k));
+      continue;
     }
+    const LoadRequest& q = requests[k];
+    FERRY_ASSIGN_OR_RETURN(static_cast<Extent&>(out[k]), r.Locate(q.name, q.row_begin, q.row_end));
+    if (q.dst != nullptr && q.dst_bytes < out[k].len) {
+      return Error(StatusCode::kInvalidArgument, r.Where(out[k].tensor), ": needs ", out[k].len,
+                   " bytes, destination holds ", q.dst_bytes);
+    }
+    out[k].dst = static_cast<uint8_t*>(q.dst);
   }
   request_order->resize(out.size());
   for (size_t k = 0; k < out.size(); ++k) (*request_order)[k] = k;
   std::stable_sort(request_order->begin(), request_order->end(),
-                   [&](size_t a, size_t b) { return out[a].file_offset < out[b].file_offset; });
+                   [&](size_t a, size_t b) { return out[a].file_offset() < out[b].file_offset(); });
   return out;
 }
 
@@ -212,102 +175,6 @@ void AppendDirectBatches(std::vector<Piece>& pieces, uint32_t first, uint32_t la
   }
 }
 
-// Bytes resident in the page cache, as a fraction of sampled pages of the requested ranges.
-double ResidentFraction(const Mapping& m, const std::vector<Resolved>& res) {
-  uint64_t total = 0;
-  for (const Resolved& r : res) total += r.len;
-  if (total == 0 || m.size() == 0) return 1.0;
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t samples = std::min<uint64_t>(2048, total / page + 1);
-  const uint64_t stride = std::max<uint64_t>(total / samples, 1);
-  uint64_t seen = 0, resident = 0, acc = 0;
-  for (const Resolved& r : res) {
-    for (uint64_t off = acc % stride == 0 ? 0 : stride - acc % stride; off < r.len; off += stride) {
-      uint64_t at = (r.info.data_offset + r.begin + off) / page * page;
-      unsigned char vec = 0;
-      if (::mincore(const_cast<uint8_t*>(m.data()) + at, page, &vec) == 0) {
-        ++seen;
-        resident += vec & 1;
-      }
-    }
-    acc += r.len;
-  }
-  return seen == 0 ? 1.0 : static_cast<double>(resident) / seen;
-}
-
-// Reads file bytes [offset, offset + len) with O_DIRECT (offset, len and dst aligned); a read
-// that ends at end of file may return less than len but must cover `need` bytes.
-Status DirectRead(int fd, const std::string& path, uint8_t* dst, uint64_t offset, uint64_t len,
-                  uint64_t need) {
-  uint64_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error(StatusCode::kIoError, path, ": direct read at offset ", offset + done,
-                   " failed ", ErrnoText(errno));
-    }
-    if (n == 0) break;
-    done += static_cast<uint64_t>(n);
-  }
-  if (done < need) {
-    return Error(StatusCode::kDataLoss, path, ": direct read at offset ", offset, " got ", done,
-                 " of ", need, " bytes (file truncated?)");
-  }
-  return Status::Ok();
-}
-
-// An aligned per-thread buffer for direct reads of compressed chunks.
-uint8_t* DirectBuffer(uint64_t bytes) {
-  struct Buf {
-    uint8_t* p = nullptr;
-    uint64_t n = 0;
-    ~Buf() { std::free(p); }
-  };
-  thread_local Buf buf;
-  if (buf.n < bytes) {
-    std::free(buf.p);
-    buf.n = AlignUp(bytes, kDirectAlign);
-    buf.p = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, buf.n));
-    if (buf.p == nullptr) buf.n = 0;
-  }
-  return buf.p;
-}
-
-// Raw bytes [p.begin, p.begin + p.len) of an encoded tensor, its chunks read with O_DIRECT.
-Status FillEncodedDirect(const Reader::Impl& r, int fd, size_t tensor, uint64_t begin, uint64_t len,
-                         uint8_t* dst, bool verify) {
-  const fb::Tensor* t = r.at(tensor);
-  const uint64_t bs = t->block_size();
-  thread_local std::vector<uint8_t> block, scratch;
-  for (uint64_t b = begin / bs; b * bs < begin + len; ++b) {
-    const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
-    uint64_t off = t->data_offset() + ch->offset();
-    uint64_t abegin = off / kDirectAlign * kDirectAlign;
-    uint64_t aend = AlignUp(off + ch->stored_size(), kDirectAlign);
-    uint8_t* buf = DirectBuffer(aend - abegin);
-    if (buf == nullptr) {
-      return Error(StatusCode::kResourceExhausted, r.Where(tensor), ": direct read buffer");
-    }
-    FERRY_RETURN_IF_ERROR(
-        DirectRead(fd, r.path, buf, abegin, aend - abegin, off + ch->stored_size() - abegin));
-    uint64_t braw = r.BlockRawSize(tensor, b);
-    uint64_t bbegin = b * bs;
-    uint64_t lo = std::max(begin, bbegin), hi = std::min(begin + len, bbegin + braw);
-    if (scratch.size() < braw) scratch.resize(braw);
-    if (lo == bbegin && hi == bbegin + braw) {
-      FERRY_RETURN_IF_ERROR(r.DecodeStored(tensor, b, buf + (off - abegin), dst + (bbegin - begin),
-                                           scratch.data(), verify));
-    } else {
-      if (block.size() < braw) block.resize(braw);
-      FERRY_RETURN_IF_ERROR(
-          r.DecodeStored(tensor, b, buf + (off - abegin), block.data(), scratch.data(), verify));
-      std::memcpy(dst + (lo - begin), block.data() + (lo - bbegin), hi - lo);
-    }
-  }
-  return Status::Ok();
-}
-
 // First error wins; later ones are dropped (they are usually consequences).
 class ErrorSlot {
  public:
@@ -328,65 +195,28 @@ class ErrorSlot {
   std::atomic<bool> failed_{false};
 };
 
-// Memory the kernel could give the page cache now (MemAvailable), or 0 when unknown.
-uint64_t AvailableMemory() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  uint64_t kib = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "MemAvailable: %lu kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib * 1024;
-}
-
 // IoMode::kAuto. Direct reads pay off when the page cache cannot help: the data is cold AND
 // larger than half the memory the cache could use, so caching it would only evict other
 // data. Below that, buffered reads with kernel readahead measured as fast or faster than
 // O_DIRECT on the H200 host's virtual disk (benchmarks/README.md), and they leave the file
 // cached for the next process.
-bool WantDirect(const Reader::Impl& r, const std::vector<Resolved>& res) {
+bool WantDirect(const BlockSource& r, const std::vector<Resolved>& res) {
   uint64_t bytes = 0;
   for (const Resolved& x : res) bytes += x.len;
   uint64_t avail = AvailableMemory();
   if (avail == 0 || bytes <= avail / 2) return false;
-  return ResidentFraction(*r.mapping, res) < kColdFraction;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  ranges.reserve(res.size());
+  for (const Resolved& x : res) ranges.emplace_back(x.file_offset(), x.len);
+  return r.mapping()->ResidentFraction(ranges) < kColdFraction;
 }
 
-// An O_DIRECT descriptor for cold loads (IoMode), or none (-1) for the page-cache path.
-class DirectFile {
- public:
-  DirectFile(const Reader::Impl& r, const std::vector<Resolved>& res, IoMode io) {
-    if (io == IoMode::kDirect || (io == IoMode::kAuto && WantDirect(r, res))) {
-      fd_ = ::open(r.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    }
+// An O_DIRECT file for cold loads (IoMode), or none (not open) for the page-cache path.
+DirectFile OpenDirect(const BlockSource& r, const std::vector<Resolved>& res, IoMode io) {
+  if (io == IoMode::kDirect || (io == IoMode::kAuto && WantDirect(r, res))) {
+    return DirectFile::Open(r.path());
   }
-  ~DirectFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  DirectFile(const DirectFile&) = delete;
-  DirectFile& operator=(const DirectFile&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
-
-// Host target of a raw piece through direct I/O: an aligned bounce buffer, then a copy.
-Status FillRawDirect(const Reader::Impl& r, int fd, const Resolved& rr, const Piece& p,
-                     uint8_t* dst, bool verify) {
-  uint64_t off = rr.info.data_offset + p.begin;
-  uint64_t abegin = off / kDirectAlign * kDirectAlign;
-  uint64_t aend = AlignUp(off + p.len, kDirectAlign);
-  uint8_t* buf = DirectBuffer(aend - abegin);
-  if (buf == nullptr) {
-    return Error(StatusCode::kResourceExhausted, r.Where(rr.tensor), ": direct read buffer");
-  }
-  FERRY_RETURN_IF_ERROR(DirectRead(fd, r.path, buf, abegin, aend - abegin, off + p.len - abegin));
-  std::memcpy(dst, buf + (off - abegin), p.len);
-  if (verify) return r.VerifyRawRange(rr.tensor, p.begin, p.len, dst);
-  return Status::Ok();
+  return DirectFile();
 }
 
 }  // namespace
@@ -418,10 +248,10 @@ class Loader::Impl {
   uint64_t ring_bytes = 0;
   bool ring_registered = false;  // malloc + cudaHostRegister (else cudaHostAlloc)
   std::vector<Slot> slots;
-  CUcontext events_ctx = nullptr;          // events belong to one context; remade on change
-  cudaEvent_t tail = nullptr;              // recorded after each load's last copy
-  std::vector<cudaEvent_t> worker_events;  // windowed registration, one per worker
-  std::shared_ptr<Mapping> registered;     // mapping registered for direct DMA
+  CUcontext events_ctx = nullptr;             // events belong to one context; remade on change
+  cudaEvent_t tail = nullptr;                 // recorded after each load's last copy
+  std::vector<cudaEvent_t> worker_events;     // windowed registration, one per worker
+  std::shared_ptr<const Mapping> registered;  // mapping registered for direct DMA
 
   std::mutex slot_mu;
   std::condition_variable slot_cv;
@@ -525,7 +355,7 @@ class Loader::Impl {
     return Status::Ok();
   }
 
-  Status RegisterMapping(const std::shared_ptr<Mapping>& mapping) {
+  Status RegisterMapping(const std::shared_ptr<const Mapping>& mapping) {
     if (registered == mapping) return Status::Ok();
     Unregister();
     if (mapping->size() == 0) return Status::Ok();
@@ -542,14 +372,14 @@ class Loader::Impl {
   Result<std::vector<LoadedTensor>> DeviceLoad(const Reader& reader,
                                                const std::vector<LoadRequest>& requests,
                                                Stream stream, const DeviceAllocator* alloc) {
-    const Reader::Impl& r = reader.impl();
+    const BlockSource& r = BlocksOf(reader);
     auto t0 = std::chrono::steady_clock::now();
     cudaStream_t cstream = reinterpret_cast<cudaStream_t>(stream);
     int dev = -1;
-    FERRY_CUDA_RETURN(cudaGetDevice(&dev), r.path);
+    FERRY_CUDA_RETURN(cudaGetDevice(&dev), r.path());
     // Makes the caller's current device's context current on this thread if the thread has
     // none yet; that is the caller's device, never another.
-    FERRY_CUDA_RETURN(cudaFree(nullptr), r.path);
+    FERRY_CUDA_RETURN(cudaFree(nullptr), r.path());
     CUcontext ctx = nullptr;
     if (Driver().ok) Driver().ctx_get_current(&ctx);
     FERRY_RETURN_IF_ERROR(PrepareDevice(ctx));
@@ -562,13 +392,13 @@ class Loader::Impl {
     // Data mostly absent from the page cache is read with O_DIRECT straight into the ring
     // (no page-cache copy, no readahead guesswork); file systems without O_DIRECT (tmpfs)
     // keep the page-cache path.
-    DirectFile direct_file(r, res, options.io);
-    const int direct_fd = direct_file.fd();
-    const bool windows = direct_fd < 0 && options.host_path == HostPath::kRegisterWindows;
+    const DirectFile direct_file = OpenDirect(r, res, options.io);
+    const bool cold = direct_file.is_open();
+    const bool windows = !cold && options.host_path == HostPath::kRegisterWindows;
     bool use_register =
-        direct_fd < 0 && (options.host_path == HostPath::kRegister || windows ||
-                          (options.host_path == HostPath::kAuto && registered == r.mapping));
-    if (use_register && !windows) FERRY_RETURN_IF_ERROR(RegisterMapping(r.mapping));
+        !cold && (options.host_path == HostPath::kRegister || windows ||
+                  (options.host_path == HostPath::kAuto && registered == r.mapping()));
+    if (use_register && !windows) FERRY_RETURN_IF_ERROR(RegisterMapping(r.mapping()));
     if (windows) Unregister();
 
     // Raw pieces go straight from the registered mapping, or through one direct read per
@@ -579,7 +409,7 @@ class Loader::Impl {
       bool raw = res[p.r].info.encoding == Encoding::kRaw;
       if (use_register && raw) {
         direct.push_back(p);
-      } else if (direct_fd >= 0 && raw) {
+      } else if (cold && raw) {
         direct_raw.push_back(p);
       } else {
         staged.push_back(p);
@@ -626,7 +456,7 @@ class Loader::Impl {
       if (Driver().ok && ctx != nullptr) {
         Driver().ctx_set_current(ctx);
       } else if (cudaSetDevice(dev) != cudaSuccess) {
-        error.Set(Error(StatusCode::kCudaError, r.path, ": cudaSetDevice on a worker"));
+        error.Set(Error(StatusCode::kCudaError, r.path(), ": cudaSetDevice on a worker"));
         return;
       }
       uint8_t* pending = nullptr;  // this worker's registered window, copies in flight
@@ -637,7 +467,7 @@ class Loader::Impl {
         if (err == cudaSuccess) err = cudaHostUnregister(pending);
         pending = nullptr;
         return err == cudaSuccess ? Status::Ok()
-                                  : CudaStatus(err, r.path, "releasing a registered window");
+                                  : CudaStatus(err, r.path(), "releasing a registered window");
       };
       for (;;) {
         uint64_t k = next_direct.fetch_add(1);
@@ -647,30 +477,30 @@ class Loader::Impl {
           Status st = release_pending();
           cudaError_t err = cudaSuccess;
           if (st.ok()) {
-            err = cudaHostRegister(const_cast<uint8_t*>(r.base()) + g.reg_begin,
+            err = cudaHostRegister(const_cast<uint8_t*>(r.mapping()->data()) + g.reg_begin,
                                    g.reg_end - g.reg_begin,
                                    cudaHostRegisterReadOnly | cudaHostRegisterPortable);
             if (err != cudaSuccess) {
               cudaGetLastError();
-              st = CudaStatus(err, r.path, "cudaHostRegister of a window");
+              st = CudaStatus(err, r.path(), "cudaHostRegister of a window");
             }
           }
           if (!st.ok()) {
             error.Set(st);
             break;
           }
-          pending = const_cast<uint8_t*>(r.base()) + g.reg_begin;
+          pending = const_cast<uint8_t*>(r.mapping()->data()) + g.reg_begin;
         }
         Status st;
         for (uint32_t i = g.first; st.ok() && i < g.last; ++i) {
           const Piece& p = direct[i];
           const Resolved& rr = res[p.r];
           // The DMA reads the page cache itself, so the blocks are checked there.
-          if (verify) st = r.VerifyRawRange(rr.tensor, p.begin, p.len, nullptr);
+          if (verify) st = r.VerifyRange(rr.tensor, p.begin, p.len, nullptr);
           if (!st.ok()) break;
-          cudaError_t err =
-              cudaMemcpyAsync(rr.dst + p.dst_off, r.base() + rr.info.data_offset + p.begin, p.len,
-                              cudaMemcpyHostToDevice, cstream);
+          cudaError_t err = cudaMemcpyAsync(rr.dst + p.dst_off,
+                                            r.mapping()->data() + rr.info.data_offset + p.begin,
+                                            p.len, cudaMemcpyHostToDevice, cstream);
           if (err != cudaSuccess) {
             st = CudaStatus(err, r.Where(rr.tensor), "cudaMemcpyAsync");
             break;
@@ -679,7 +509,7 @@ class Loader::Impl {
         }
         if (st.ok() && windows) {
           cudaError_t err = cudaEventRecord(my_event, cstream);
-          if (err != cudaSuccess) st = CudaStatus(err, r.path, "cudaEventRecord");
+          if (err != cudaSuccess) st = CudaStatus(err, r.path(), "cudaEventRecord");
         }
         if (!st.ok()) {
           error.Set(st);
@@ -696,7 +526,8 @@ class Loader::Impl {
           slot_cv.wait(lock, [&] { return slot.turn == k || error.failed(); });
         }
         if (error.failed()) break;
-        Status st = RunBatch(r, res, staged, batches[k], slot, cstream, verify, direct_fd, &copies);
+        Status st =
+            RunBatch(r, res, staged, batches[k], slot, cstream, verify, direct_file, &copies);
         if (!st.ok()) error.Set(std::move(st));
         {
           std::lock_guard<std::mutex> lock(slot_mu);
@@ -713,46 +544,43 @@ class Loader::Impl {
     slot_cv.notify_all();
     cudaError_t terr = cudaEventRecord(tail, cstream);
     if (error.failed()) return error.Get();
-    if (terr != cudaSuccess) return CudaStatus(terr, r.path, "cudaEventRecord");
+    if (terr != cudaSuccess) return CudaStatus(terr, r.path(), "cudaEventRecord");
 
     stats = LoadStats{};
     for (const Resolved& rr : res) stats.bytes += rr.len;
     stats.copies = copies.load();
     stats.pinned_bytes = ring_bytes;
     stats.used_register = use_register;
-    stats.used_direct_io = direct_fd >= 0;
+    stats.used_direct_io = cold;
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 
-  Status RunBatch(const Reader::Impl& r, const std::vector<Resolved>& res,
+  Status RunBatch(const BlockSource& r, const std::vector<Resolved>& res,
                   const std::vector<Piece>& pieces, const Batch& batch, Slot& slot,
-                  cudaStream_t stream, bool verify, int direct_fd, std::atomic<uint64_t>* copies) {
+                  cudaStream_t stream, bool verify, const DirectFile& direct_file,
+                  std::atomic<uint64_t>* copies) {
     if (slot.used) {
       cudaError_t err = cudaEventSynchronize(slot.event);
-      if (err != cudaSuccess) return CudaStatus(err, r.path, "waiting for a staging slot");
+      if (err != cudaSuccess) return CudaStatus(err, r.path(), "waiting for a staging slot");
     }
     if (batch.direct) {
       const Piece& last = pieces[batch.last - 1];
       uint64_t need = res[last.r].info.data_offset + last.begin + last.len - batch.span_begin;
       FERRY_RETURN_IF_ERROR(
-          DirectRead(direct_fd, r.path, slot.data, batch.span_begin, batch.span_len, need));
+          direct_file.ReadAligned(slot.data, batch.span_begin, batch.span_len, need));
       for (uint32_t i = batch.first; verify && i < batch.last; ++i) {
         const Piece& p = pieces[i];
-        FERRY_RETURN_IF_ERROR(
-            r.VerifyRawRange(res[p.r].tensor, p.begin, p.len, slot.data + p.soff));
+        FERRY_RETURN_IF_ERROR(r.VerifyRange(res[p.r].tensor, p.begin, p.len, slot.data + p.soff));
       }
     } else {
+      ReadPath how;
+      how.verify = verify;
+      how.streaming = options.streaming_stores;
+      how.direct = direct_file.is_open() ? &direct_file : nullptr;
       for (uint32_t i = batch.first; i < batch.last; ++i) {
         const Piece& p = pieces[i];
-        size_t tensor = res[p.r].tensor;
-        if (direct_fd >= 0 && res[p.r].info.encoding != Encoding::kRaw) {
-          FERRY_RETURN_IF_ERROR(
-              FillEncodedDirect(r, direct_fd, tensor, p.begin, p.len, slot.data + p.soff, verify));
-        } else {
-          FERRY_RETURN_IF_ERROR(r.ReadRange(tensor, p.begin, p.len, slot.data + p.soff, verify,
-                                            options.streaming_stores));
-        }
+        FERRY_RETURN_IF_ERROR(r.Read(res[p.r].tensor, p.begin, p.len, slot.data + p.soff, how));
       }
     }
     // One DMA per run of pieces whose staging and destination offsets advance together.
@@ -781,12 +609,12 @@ class Loader::Impl {
       i = j;
     }
     cudaError_t err = cudaEventRecord(slot.event, stream);
-    if (err != cudaSuccess) return CudaStatus(err, r.path, "cudaEventRecord");
+    if (err != cudaSuccess) return CudaStatus(err, r.path(), "cudaEventRecord");
     slot.used = true;
     return Status::Ok();
   }
 
-  Status AllocateDevice(const Reader::Impl& r, std::vector<Resolved>& res,
+  Status AllocateDevice(const BlockSource& r, std::vector<Resolved>& res,
                         const std::vector<size_t>& order, std::vector<LoadedTensor>& out,
                         cudaStream_t stream, const DeviceAllocator* alloc, CUcontext ctx, int dev) {
     // Arena layout (default allocator only): small tensors packed in file order with 256-byte
@@ -809,7 +637,7 @@ class Loader::Impl {
     if (arena_bytes > 0) {
       void* p = nullptr;
       cudaError_t err = cudaMallocAsync(&p, arena_bytes, stream);
-      if (err != cudaSuccess) return CudaStatus(err, r.path, "cudaMallocAsync");
+      if (err != cudaSuccess) return CudaStatus(err, r.path(), "cudaMallocAsync");
       arena = std::shared_ptr<void>(p, free_async);
     }
     for (size_t k = 0; k < res.size(); ++k) {
@@ -855,7 +683,7 @@ class Loader::Impl {
 
   Result<std::vector<LoadedTensor>> HostLoad(const Reader& reader,
                                              const std::vector<LoadRequest>& requests) {
-    const Reader::Impl& r = reader.impl();
+    const BlockSource& r = BlocksOf(reader);
     auto t0 = std::chrono::steady_clock::now();
     std::vector<size_t> order;
     FERRY_ASSIGN_OR_RETURN(std::vector<Resolved> res, Resolve(r, requests, &order));
@@ -877,8 +705,10 @@ class Loader::Impl {
       out[k].data = rr.dst;
     }
     std::vector<Piece> pieces = MakePieces(res, order, options.chunk_bytes);
-    DirectFile direct_file(r, res, options.io);
-    const int fd = direct_file.fd();
+    const DirectFile direct_file = OpenDirect(r, res, options.io);
+    ReadPath how;
+    how.verify = options.verify;
+    how.direct = direct_file.is_open() ? &direct_file : nullptr;
     ErrorSlot error;
     std::atomic<uint64_t> next{0};
     const int active = explicit_threads ? pool->size() : ActiveWorkers(res, pool->size());
@@ -889,21 +719,13 @@ class Loader::Impl {
         if (k >= pieces.size() || error.failed()) return;
         const Piece& p = pieces[k];
         const Resolved& rr = res[p.r];
-        uint8_t* dst = rr.dst + p.dst_off;
-        Status st;
-        if (fd < 0) {
-          st = r.ReadRange(rr.tensor, p.begin, p.len, dst, options.verify);
-        } else if (rr.info.encoding == Encoding::kRaw) {
-          st = FillRawDirect(r, fd, rr, p, dst, options.verify);
-        } else {
-          st = FillEncodedDirect(r, fd, rr.tensor, p.begin, p.len, dst, options.verify);
-        }
+        Status st = r.Read(rr.tensor, p.begin, p.len, rr.dst + p.dst_off, how);
         if (!st.ok()) error.Set(std::move(st));
       }
     });
     if (error.failed()) return error.Get();
     stats = LoadStats{};
-    stats.used_direct_io = fd >= 0;
+    stats.used_direct_io = direct_file.is_open();
     for (const Resolved& rr : res) stats.bytes += rr.len;
     stats.copies = pieces.size();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

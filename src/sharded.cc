@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "block_source.hpp"
 #include "io.hpp"
-#include "reader_impl.hpp"
 #include "strict_json.hpp"
 #include "util.hpp"
 
@@ -137,7 +137,7 @@ Result<std::shared_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::st
   // Json objects iterate in key (byte) order: entries come out sorted.
   for (const auto& [name, file] : wm->items()) {
     uint32_t s = files.at(file.get_ref<const std::string&>());
-    int64_t i = impl->shards[s]->impl().IndexOf(name);
+    int64_t i = BlocksOf(*impl->shards[s]).IndexOf(name);
     if (i < 0) {
       return impl->Fail(StrCat("maps tensor ", Quote(name), " to ", Quote(impl->shard_names[s]),
                                ", which has no such tensor"));

@@ -22,8 +22,8 @@
 #include "codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "footer.hpp"
 #include "format.hpp"
-#include "reader_impl.hpp"
 #include "safetensors.hpp"
 
 namespace ferry::fuzz {
