@@ -13,10 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "block_source.hpp"
 #include "ferry/ferry.h"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
-#include "reader_impl.hpp"
+#include "footer.hpp"
 #include "util.hpp"
 
 // The C header mirrors ferry::StatusCode; a drifted value would silently mislabel errors.
@@ -443,7 +444,7 @@ void FillScaling(const CScaling& c, ferry_scaling_state_t* out) {
 // One pass over the footer's tensor tables (no per-tensor heap objects): sizes first, so
 // the three arrays are allocated once.
 std::unique_ptr<TensorTable> BuildTable(const ferry::Reader& reader) {
-  const ferry::Reader::Impl& r = reader.impl();
+  const ferry::BlockSource& r = ferry::BlocksOf(reader);
   const size_t n = r.size();
   auto t = std::make_unique<TensorTable>();
   uint64_t name_bytes = 0, dims = 0;
