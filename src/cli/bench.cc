@@ -352,7 +352,7 @@ int RunBench(const BenchOptions& options) {
 
   LoaderOptions lo;
   lo.threads = options.threads;
-  lo.chunk_bytes = static_cast<uint64_t>(options.chunk_mib) << 20;
+  lo.slot_bytes = static_cast<uint64_t>(options.slot_mib) << 20;
   lo.staging_bytes = static_cast<uint64_t>(options.staging_mib) << 20;
   lo.host_path = options.path == "staging"            ? HostPath::kStaging
                  : options.path == "register"         ? HostPath::kRegister
@@ -433,8 +433,8 @@ int RunBench(const BenchOptions& options) {
   std::printf("target      %s\n", target.c_str());
   std::string threads_desc =
       options.threads > 0 ? std::to_string(options.threads) : std::string("auto");
-  std::printf("loader      threads %s, chunk %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
-              threads_desc.c_str(), options.chunk_mib, options.staging_mib, options.path.c_str(),
+  std::printf("loader      threads %s, slot %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
+              threads_desc.c_str(), options.slot_mib, options.staging_mib, options.path.c_str(),
               options.io.c_str(), options.verify ? ", verifying checksums" : "",
               options.prealloc ? "into preallocated buffers" : "the loader allocates");
   std::fflush(stdout);
