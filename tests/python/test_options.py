@@ -60,7 +60,7 @@ def test_the_parser_sees_every_field():
     # A parser that found nothing would pass everything below.
     assert "slot_bytes" in cpp_fields("LoaderOptions")
     assert "producer" in cpp_fields("WriterOptions")
-    assert len(cpp_fields("LoaderOptions")) >= 10
+    assert len(cpp_fields("LoaderOptions")) >= 9
     assert "io" in c_fields("ferry_loader_options_t")
 
 
@@ -108,7 +108,7 @@ def test_loader_keywords_reach_the_library():
 
 def test_save_file_min_savings(tmp_path):
     np = pytest.importorskip("numpy")
-    data = {"x": np.arange(4096, dtype=np.float32)}
+    data = {"x": (np.arange(4096) % 16).astype(np.float32)}
     # Compression saves well under 99.9%: every block is stored raw, so the stored size is
     # the raw size; with the default the same tensor compresses.
     tensorferry.save_file(data, str(tmp_path / "a.ferry"), encoding="zstd", min_savings=0.999,
