@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "ferry_generated.h"
+#include "footer.hpp"
 #include "format.hpp"
-#include "reader_impl.hpp"
 #include "save_group.hpp"
 #include "test_util.hpp"
 
