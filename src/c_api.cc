@@ -822,6 +822,8 @@ void ferry_writer_options_init(ferry_writer_options_t* options) {
   options->threads = d.threads;
   options->durable = d.durable ? 1 : 0;
   options->producer = nullptr;
+  options->staging = nullptr;
+  options->direct_io = d.direct_io ? 1 : 0;
 }
 
 namespace {
@@ -846,9 +848,10 @@ int ToWriterOptions(const char* path, const ferry_writer_options_t* options, con
   if (FERRY_C_HAS(options, producer) && options->producer != nullptr) {
     o->producer = options->producer;
   }
-  if (FERRY_C_HAS(options, staging_pool) && options->staging_pool != nullptr) {
-    o->staging = options->staging_pool->pool;
+  if (FERRY_C_HAS(options, staging) && options->staging != nullptr) {
+    o->staging = options->staging->pool;
   }
+  if (FERRY_C_HAS(options, direct_io)) o->direct_io = options->direct_io != 0;
   return FERRY_OK;
 }
 }  // namespace

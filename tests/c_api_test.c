@@ -658,7 +658,8 @@ static void test_async_and_shards(void) {
   CHECK(ferry_staging_pool_bytes(pool) == (1 << 16));
   path_of(path, sizeof(path), "c_api_async.ferry");
   ferry_writer_options_init(&opts);
-  opts.staging_pool = pool;
+  opts.staging = pool;
+  CHECK(opts.direct_io == 1);
   opts.block_size = 4096;
   opts.durable = 0;
   CHECK(ferry_writer_create(path, &opts, &w, &err) == FERRY_OK);

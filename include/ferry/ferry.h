@@ -305,7 +305,10 @@ typedef struct ferry_writer_options_t {
    * copied into it (a snapshot), so add calls return without waiting for the disk and
    * ferry_writer_commit_async returns once the snapshot is complete. The writer keeps its own
    * reference to the pool. */
-  ferry_staging_pool_t* staging_pool;
+  ferry_staging_pool_t* staging;
+  /* Write through O_DIRECT where the file system supports it (1, the default), else, or with
+   * 0, through the page cache. */
+  int32_t direct_io;
 } ferry_writer_options_t;
 
 FERRY_API void ferry_writer_options_init(ferry_writer_options_t* options);

@@ -303,7 +303,7 @@ def _nbytes(value):
 
 def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=None,
                     block_size=None, threads=0, durable=True, scaling_state=None, producer=None,
-                    staging=None):
+                    staging=None, direct_io=True):
     """As save_file, but returns a SaveFuture once every tensor is snapshotted into host memory:
     the caller may then overwrite or free its tensors (CUDA ones included) while compression,
     writes, fsync and the atomic rename finish in the background. A crash before the future
@@ -320,7 +320,7 @@ def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=
     return save_file(tensors, path, metadata, encoding=encoding, zstd_level=zstd_level,
                      block_size=block_size, threads=threads, durable=durable,
                      scaling_state=scaling_state, producer=producer, staging=staging,
-                     _background=True)
+                     direct_io=direct_io, _background=True)
 
 
 def _is_torch(value):
@@ -367,7 +367,7 @@ def shared_tensor_groups(tensors):
 
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
               threads=0, durable=True, scaling_state=None, producer=None, min_savings=None,
-              staging=None, _background=False):
+              staging=None, direct_io=True, _background=False):
     """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
@@ -384,7 +384,8 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     staging memory on torch's current stream, overlapped with compression and writes (other
     devices' tensors are copied to the host first). The tensors may be reused once save_file
     returns. staging: an optional StagingPool that every tensor is first copied into (see
-    save_file_async).
+    save_file_async). direct_io: write through O_DIRECT where the file system supports it
+    (faster on the disks measured; the saved file is then not left in the page cache).
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
@@ -410,7 +411,8 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
         opts.min_savings = float(min_savings)
     producer_b = producer.encode("utf-8") if producer else None
     opts.producer = producer_b
-    opts.staging_pool = staging._handle if staging is not None else None
+    opts.staging = staging._handle if staging is not None else None
+    opts.direct_io = 1 if direct_io else 0
     handle = ctypes.c_void_p()
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
     keep = []  # CUDA sources (and their contiguous copies) until the snapshot is complete

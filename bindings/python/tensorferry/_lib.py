@@ -104,7 +104,8 @@ class WriterOptions(ctypes.Structure):
         ("threads", c_int32),
         ("durable", c_int32),
         ("producer", c_char_p),
-        ("staging_pool", c_void_p),
+        ("staging", c_void_p),
+        ("direct_io", c_int32),
     ]
 
 
