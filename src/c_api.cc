@@ -990,6 +990,16 @@ int ferry_reader_metadata_at(const ferry_reader_t* reader, size_t index, const c
   });
 }
 
+int ferry_reader_metadata_entry(const ferry_reader_t* reader, size_t index, const char** key,
+                                size_t* key_size, const char** value, size_t* value_size,
+                                ferry_error_t* error) {
+  int rc = ferry_reader_metadata_at(reader, index, key, value, error);
+  if (rc != FERRY_OK) return rc;
+  if (key_size != nullptr) *key_size = reader->metadata[index].first.size();
+  if (value_size != nullptr) *value_size = reader->metadata[index].second.size();
+  return FERRY_OK;
+}
+
 int ferry_reader_metadata_get(const ferry_reader_t* reader, const char* key, const char** value,
                               ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
@@ -1068,6 +1078,8 @@ int ferry_reader_read_into(const ferry_reader_t* reader, const char* name, void*
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(name);
+    // A NULL destination must not reach the copy (dst_size alone cannot tell).
+    if (dst == nullptr && dst_size > 0) return NullArg(error, fn, "dst");
     return Report(reader->reader->ReadInto(name, dst, dst_size, ReadFlags(flags)), error);
   });
 }
@@ -1078,6 +1090,8 @@ int ferry_reader_read_rows_into(const ferry_reader_t* reader, const char* name, 
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(name);
+    // A NULL destination must not reach the copy (dst_size alone cannot tell).
+    if (dst == nullptr && dst_size > 0) return NullArg(error, fn, "dst");
     return Report(
         reader->reader->ReadRowsInto(name, row_begin, row_end, dst, dst_size, ReadFlags(flags)),
         error);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -476,7 +477,14 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       return;
     }
     std::vector<std::thread> threads;
-    for (size_t k = 1; k < slices; ++k) threads.emplace_back(fn, k);
+    size_t k = 1;
+    try {
+      threads.reserve(slices);
+      for (; k < slices; ++k) threads.emplace_back(fn, k);
+    } catch (const std::system_error&) {
+      // No thread to be had: the remaining slices run here, slower but the same.
+      for (; k < slices; ++k) fn(k);
+    }
     fn(0);
     for (auto& t : threads) t.join();
   };
@@ -633,7 +641,6 @@ Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const
   if (!has_checksums) return Status::Ok();
   const fb::Tensor* t = at(i);
   uint64_t len = BlockRawSize(i, b);
-  uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
   uint64_t file_offset = t->data_offset();
   if (t->encoding() == fb::Encoding::RAW) {
     file_offset += b * t->block_size();
@@ -642,6 +649,20 @@ Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const
   }
   uint64_t sum = 0;
   if (!mapping->Guard([&] { sum = Checksum64(raw, len); })) return Shrank(i, file_offset);
+  return CheckBlockSum(i, b, sum);
+}
+
+Status Reader::Impl::CheckBlockSum(size_t i, uint64_t b, uint64_t sum) const {
+  if (!has_checksums) return Status::Ok();
+  const fb::Tensor* t = at(i);
+  uint64_t len = BlockRawSize(i, b);
+  uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
+  uint64_t file_offset = t->data_offset();
+  if (t->encoding() == fb::Encoding::RAW) {
+    file_offset += b * t->block_size();
+  } else {
+    file_offset += t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b))->offset();
+  }
   if (sum != expect) {
     return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b,
                  " (raw bytes [", b * t->block_size(), ", ", b * t->block_size() + len,
@@ -734,20 +755,64 @@ Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* 
     if (verify) return VerifyRawRange(i, begin, len, streaming ? nullptr : dst);
     return Status::Ok();
   }
-  // Per-thread buffers: loader workers call this for every piece, and a fresh 4 MiB vector
-  // each time would cost page faults on every call.
-  thread_local std::vector<uint8_t> block, scratch;
-  for (uint64_t b = begin / bs; b * bs < end; ++b) {
+  // Per-thread scratch: loader workers call this for every piece, and a fresh 4 MiB buffer
+  // each time would cost page faults on every call. Huge blocks' scratch goes back after each
+  // block (DecodeScratch), so nothing large stays resident on the thread.
+  thread_local DecodeScratch scratch;
+  Status st;
+  for (uint64_t b = begin / bs; st.ok() && b * bs < end; ++b) {
     uint64_t bbegin = b * bs;
-    uint64_t braw = BlockRawSize(i, b);
-    uint64_t lo = std::max(begin, bbegin), hi = std::min(end, bbegin + braw);
-    if (t->encoding() == fb::Encoding::SHUFFLE_ZSTD && scratch.size() < braw) scratch.resize(braw);
-    if (lo == bbegin && hi == bbegin + braw) {
-      FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, dst + (bbegin - begin), scratch.data(), verify));
+    uint64_t lo = std::max(begin, bbegin), hi = std::min(end, bbegin + BlockRawSize(i, b));
+    st = DecodeBlockRange(i, b, lo - bbegin, hi - bbegin, dst + (lo - begin), verify, &scratch);
+    scratch.Release();
+  }
+  return st;
+}
+
+Status Reader::Impl::DecodeBlockRange(size_t i, uint64_t b, uint64_t lo, uint64_t hi, uint8_t* dst,
+                                      bool verify, DecodeScratch* scratch) const {
+  const fb::Tensor* t = at(i);
+  const uint64_t raw = BlockRawSize(i, b);
+  const size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
+  const bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD && width > 1;
+  if (lo == 0 && hi == raw && !shuffled && dst != nullptr) {
+    return DecodeBlock(i, b, dst, nullptr, verify);  // straight into the destination
+  }
+  // One block-sized buffer, holding the block as stored (still shuffled): the rows wanted are
+  // picked out of it, and its checksum computed from it, without a second one.
+  auto got = scratch->Get(raw);
+  if (!got.ok()) {
+    return Error(got.status().code(), Where(i), ": decoding block ", b, ": ",
+                 got.status().message());
+  }
+  uint8_t* buf = *got;
+  const uint64_t file_offset =
+      t->data_offset() +
+      (t->encoding() == fb::Encoding::RAW ? b * t->block_size() : t->chunks()->Get(b)->offset());
+  const uint8_t* src = base() + file_offset;
+  Status st;
+  bool read = mapping->Guard([&] {
+    if (t->encoding() == fb::Encoding::RAW ||
+        t->chunks()->Get(b)->codec() == fb::ChunkCodec::STORED) {
+      std::memcpy(buf, src, raw);
     } else {
-      if (block.size() < braw) block.resize(braw);
-      FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, block.data(), scratch.data(), verify));
-      std::memcpy(dst + (lo - begin), block.data() + (lo - bbegin), hi - lo);
+      st = ZstdDecompressExact(src, t->chunks()->Get(b)->stored_size(), buf, raw);
+    }
+  });
+  if (!read) return Shrank(i, file_offset);
+  if (!st.ok()) {
+    return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ", file_offset,
+                 ": ", st.message());
+  }
+  if (verify && has_checksums) {
+    FERRY_RETURN_IF_ERROR(CheckBlockSum(
+        i, b, shuffled ? UnshuffledChecksum64(buf, raw, width) : Checksum64(buf, raw)));
+  }
+  if (hi > lo) {
+    if (shuffled) {
+      UnshuffleRange(buf, raw, width, lo, hi, dst);
+    } else {
+      std::memcpy(dst, buf + lo, hi - lo);
     }
   }
   return Status::Ok();

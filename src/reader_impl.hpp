@@ -14,6 +14,8 @@
 
 namespace ferry {
 
+class DecodeScratch;  // codec.hpp
+
 // What ParseFooter demands beyond the schema. Our own files keep the defaults; an index
 // synthesized from a safetensors header (src/safetensors.hpp) describes tensors that have no
 // checksums and lie back to back at any byte offset.
@@ -76,6 +78,13 @@ class Reader::Impl {
   Status DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst, uint8_t* scratch,
                       bool verify) const;
   Status VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const;
+  // DataLoss unless `sum` is block b's recorded checksum.
+  Status CheckBlockSum(size_t i, uint64_t b, uint64_t sum) const;
+  // Decodes block b of tensor i and copies its raw bytes [lo, hi) (block-relative) to dst,
+  // verifying the whole block when asked. Needs at most one block of `scratch` (none for a
+  // whole unshuffled block), whatever the range; hi == lo with verify checks the block alone.
+  Status DecodeBlockRange(size_t i, uint64_t b, uint64_t lo, uint64_t hi, uint8_t* dst, bool verify,
+                          DecodeScratch* scratch) const;
   // Checks every block of raw tensor i that overlaps raw bytes [begin, begin + len). Blocks
   // lying wholly inside the range are checked in `copy` (those bytes, at copy[0] = byte
   // `begin`), so what is handed out is what was verified; blocks cut by the range, or all

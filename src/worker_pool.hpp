@@ -4,15 +4,21 @@
 
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "ferry/status.hpp"
 
 namespace ferry {
 
 class WorkerPool {
  public:
-  explicit WorkerPool(int threads);
+  // Starts max(1, threads) workers. ResourceExhausted, with none left running, when the system
+  // refuses a thread (EAGAIN from a thread limit, ENOMEM for a stack under an address-space
+  // limit): a request for more threads than the machine gives must not abort the process.
+  static Result<std::unique_ptr<WorkerPool>> Create(int threads);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -24,6 +30,7 @@ class WorkerPool {
   void Run(const std::function<void(int)>& fn);
 
  private:
+  WorkerPool() = default;
   void Loop(int index);
 
   std::mutex mu_;

@@ -72,6 +72,7 @@ class Writer::Impl {
  public:
   std::string path;
   std::string tmp_path;
+  std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
   File file;
   WriterOptions options;
   uint64_t pos = 0;
@@ -175,7 +176,14 @@ class Writer::Impl {
 
   Status AddEncoded(TensorRecord& rec, const uint8_t* host, const FillFn* fill) {
     const int threads = Threads();
-    if (!pool && threads > 1) pool = std::make_unique<WorkerPool>(threads);
+    if (!pool && threads > 1) {
+      auto created = WorkerPool::Create(threads);
+      if (!created.ok()) {
+        Abort();  // the temporary file goes at once, as after a failed write
+        return Error(created.status().code(), path, ": ", created.status().message());
+      }
+      pool = std::move(*created);
+    }
     const size_t batch = static_cast<size_t>(threads) * 2;
     if (encoded.size() < batch) encoded.resize(batch);
     for (uint64_t off = 0; off < rec.nbytes;) {
@@ -474,14 +482,15 @@ class Writer::Impl {
         return st;
       }
     }
-    st = file.Close();
-    if (st.ok()) st = RenameFile(tmp_path, path);
+    st = KeepPermissions(file, dest);
+    if (st.ok()) st = file.Close();
+    if (st.ok()) st = RenameFile(tmp_path, dest);
     if (!st.ok()) {
       Abort();
       return st;
     }
     spent = true;
-    if (options.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(path));
+    if (options.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(dest));
     return Status::Ok();
   }
 };
@@ -510,7 +519,8 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->options = std::move(options);
-  impl->tmp_path = TempPath(path);
+  FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
+  impl->tmp_path = TempPath(impl->dest);
   FERRY_ASSIGN_OR_RETURN(impl->file, File::CreateExclusive(impl->tmp_path));
   FERRY_RETURN_IF_ERROR(impl->Write(format::kMagic, format::kMagicSize));
   FERRY_RETURN_IF_ERROR(impl->PadTo(format::kFirstDataOffset));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "cli.hpp"
 #include "fp8_json.hpp"
@@ -50,11 +51,11 @@ void Describe(Source* s) {
     }
     // A description that does not parse stays ordinary metadata, with a warning: the
     // tensors still convert.
-    Json list = Json::parse(value, nullptr, false);
+    Json list;
+    Status st = ParseFp8Json(value, &list);
     std::vector<QuantizedTensor> qs;
     std::vector<ScalingState> ss;
-    Status st =
-        list.is_array() ? Status::Ok() : Status(StatusCode::kInvalidArgument, "not a JSON array");
+    if (st.ok() && !list.is_array()) st = Status(StatusCode::kInvalidArgument, "not a JSON array");
     for (size_t i = 0; st.ok() && i < list.size(); ++i) {
       if (quantized) {
         auto q = QuantizedFromJson(list[i]);
@@ -68,7 +69,7 @@ void Describe(Source* s) {
     }
     if (!st.ok()) {
       std::fprintf(stderr, "ferry: warning: %s: metadata %s is kept as plain metadata: %s\n",
-                   s->path.c_str(), Quote(key).c_str(), st.message().c_str());
+                   s->path.c_str(), Quote(key).c_str(), Printable(st.message()).c_str());
       rest.emplace_back(std::move(key), std::move(value));
       continue;
     }
@@ -196,12 +197,36 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
     FERRY_RETURN_IF_ERROR(
         writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, wo.encoding));
   }
+  // A description the writer refuses came from the input: the error says so, and names it.
+  auto blame = [&](const Source& s, const char* key, const Status& st) {
+    std::string message = st.message();
+    if (message.rfind(out + ": ", 0) == 0) message.erase(0, out.size() + 2);
+    return Error(st.code(), s.path, ": ",
+                 s.reader->impl().safetensors ? StrCat("metadata ", Quote(key), ": ") : "",
+                 message);
+  };
+  std::set<std::string> names;
+  for (const Item& it : items) names.insert(sources[it.source].reader->tensor(it.tensor).name);
   for (const Source& s : sources) {
     for (const QuantizedTensor& q : s.quantized) {
-      FERRY_RETURN_IF_ERROR(writer.AddQuantized(q));
+      // The writer would check these references only at commit, naming the output.
+      for (const auto* c : {&q.rowwise, &q.columnwise}) {
+        for (const std::string* ref : {*c ? &(*c)->data : nullptr, *c ? &(*c)->scale_inv : nullptr,
+                                       *c ? &(*c)->amax : nullptr}) {
+          if (ref != nullptr && (!ref->empty() || ref == &(*c)->data) && !names.count(*ref)) {
+            return blame(s, kQuantizedKey,
+                         Status(StatusCode::kInvalidArgument,
+                                StrCat("quantized tensor ", Quote(q.name), " refers to tensor ",
+                                       Quote(*ref), ", which the input does not hold")));
+          }
+        }
+      }
+      Status st = writer.AddQuantized(q);
+      if (!st.ok()) return blame(s, kQuantizedKey, st);
     }
-    for (const ScalingState& st : s.scaling) {
-      FERRY_RETURN_IF_ERROR(writer.AddScalingState(st));
+    for (const ScalingState& sc : s.scaling) {
+      Status st = writer.AddScalingState(sc);
+      if (!st.ok()) return blame(s, kScalingKey, st);
     }
   }
   for (const auto& [k, v] : MergeMetadata(sources)) {

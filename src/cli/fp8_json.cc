@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "strict_json.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
@@ -300,6 +301,18 @@ Json ScalingJson(const ScalingState& s) {
   }
   e["states"] = std::move(states);
   return e;
+}
+
+Status ParseFp8Json(const std::string& text, Json* out) {
+  StrictJsonOptions options;
+  // list > scaling state > states > direction state > slot roles: 5; a little room.
+  options.max_depth = 8;
+  options.max_keys = 64;
+  options.too_deep = "nests deeper than an FP8 description can";
+  if (auto error = ParseStrictJson(text.data(), text.data() + text.size(), options, out)) {
+    return Status(StatusCode::kInvalidArgument, *error);
+  }
+  return Status::Ok();
 }
 
 Result<QuantizedTensor> QuantizedFromJson(const Json& j) {

@@ -33,6 +33,11 @@ Json QuantizedJson(const QuantizedTensor& q);
 // lacks, are the strings "nan", "inf" and "-inf".
 Json ScalingJson(const ScalingState& s);
 
+// Parses the text of a kQuantizedKey / kScalingKey metadata value strictly: nesting at most
+// as deep as ScalingJson writes (so nothing that walks it recursively can overflow the
+// stack), objects at most as wide, no duplicate keys. InvalidArgument saying why otherwise.
+Status ParseFp8Json(const std::string& text, Json* out);
+
 // Inverses of QuantizedJson and ScalingJson. InvalidArgument, naming the field, for anything
 // they would not have produced.
 Result<QuantizedTensor> QuantizedFromJson(const Json& j);

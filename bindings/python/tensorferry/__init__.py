@@ -48,13 +48,20 @@ def cuda_available():
 def _path(p):
     import os
 
-    return os.fsencode(os.fspath(p))
+    b = os.fsencode(os.fspath(p))
+    # The C library takes NUL-terminated strings: "a\0.bak" would silently become "a".
+    if b"\0" in b:
+        raise ValueError("tensorferry: path %r contains a NUL byte" % (p,))
+    return b
+
+
+_text = _lib.text
 
 
 def _name(n):
     if not isinstance(n, str):
         raise TypeError("tensorferry: tensor names are str, got %r" % type(n).__name__)
-    return n.encode("utf-8")
+    return _text(n, "tensor name")
 
 
 class TensorInfo:
@@ -63,8 +70,8 @@ class TensorInfo:
 
     __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
 
-    def __init__(self, c):
-        self.name = c.name.decode("utf-8")
+    def __init__(self, c, path=None):
+        self.name = _lib.decode(c.name, path, "tensor #%d name" % c.index)
         self.dtype = _dtypes.NAMES[c.dtype]
         self.shape = tuple(c.shape[i] for i in range(c.ndim))
         self.nbytes = c.nbytes
@@ -111,6 +118,9 @@ def _host_source(value):
             value = np.from_dlpack(value)
         else:
             value = np.asarray(value)
+    if not value.dtype.isnative:
+        # Stored little-endian, as safetensors does: byte-swapped on the way out.
+        value = value.astype(value.dtype.newbyteorder("="))
     name = _dtypes.from_numpy(value.dtype)
     shape = list(value.shape)
     if name == "F4_E2M1FN":
@@ -142,7 +152,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     opts.durable = 1 if durable else 0
     if block_size is not None:
         opts.block_size = int(block_size)
-    producer_b = producer.encode("utf-8") if producer else None
+    producer_b = _text(producer, "producer") if producer else None
     opts.producer = producer_b
     handle = ctypes.c_void_p()
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
@@ -157,8 +167,8 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
                                 % (key, value))
-            _lib.call("ferry_writer_set_metadata", handle, key.encode("utf-8"),
-                      value.encode("utf-8"))
+            _lib.call("ferry_writer_set_metadata", handle, _text(key, "metadata key"),
+                      _text(value, "metadata value"))
         if scaling_state:
             _scaling.add_to_writer(handle, scaling_state)
         _lib.call("ferry_writer_commit", handle)
@@ -203,7 +213,7 @@ class Reader(_Closable):
             c = _lib.TensorInfo()
             c.struct_size = ctypes.sizeof(c)
             _lib.call("ferry_reader_tensor_info", handle, i, ctypes.byref(c))
-            info = TensorInfo(c)
+            info = TensorInfo(c, path)
             self._infos[info.name] = info
             self._order.append(info.name)
 
@@ -225,7 +235,7 @@ class Reader(_Closable):
 
     @property
     def producer(self):
-        return self._lib.ferry_reader_producer(self.handle).decode("utf-8")
+        return _lib.decode(self._lib.ferry_reader_producer(self.handle), self.path, "producer")
 
     def keys(self):
         return list(self._order)
@@ -244,9 +254,14 @@ class Reader(_Closable):
         L = self._lib
         out = {}
         for i in range(L.ferry_reader_num_metadata(self.handle)):
-            k, v = ctypes.c_char_p(), ctypes.c_char_p()
-            _lib.call("ferry_reader_metadata_at", self.handle, i, ctypes.byref(k), ctypes.byref(v))
-            out[k.value.decode("utf-8")] = v.value.decode("utf-8")
+            k, v = ctypes.c_void_p(), ctypes.c_void_p()
+            kn, vn = ctypes.c_size_t(), ctypes.c_size_t()
+            # Lengths, not NUL termination: a value may hold NUL bytes.
+            _lib.call("ferry_reader_metadata_entry", self.handle, i, ctypes.byref(k),
+                      ctypes.byref(kn), ctypes.byref(v), ctypes.byref(vn))
+            key = _lib.decode(ctypes.string_at(k.value, kn.value), self.path, "metadata key")
+            out[key] = _lib.decode(ctypes.string_at(v.value, vn.value) if vn.value else b"",
+                                   self.path, "metadata value of %r" % key)
         return out
 
     def scaling_state(self):
@@ -676,11 +691,15 @@ class _Slice:
             raise IndexError("tensorferry: %r is a scalar" % self._name)
         n = shape[0]
         if isinstance(key, slice):
-            start, stop, step = key.indices(n)
-            if step == 1:
-                lo, hi, sub = start, max(start, stop), None
+            rows = range(*key.indices(n))
+            if rows.step == 1 or not rows:
+                lo, sub = rows.start if rows else 0, None
+                hi = lo + len(rows)
             else:
-                lo, hi, sub = 0, n, slice(start, stop, step)
+                # Only the rows the slice touches are read; `sub` then picks them from the
+                # block [lo, hi) read (from its far end, for a negative step).
+                lo, hi = min(rows[0], rows[-1]), max(rows[0], rows[-1]) + 1
+                sub = slice(rows[0] - lo, None, rows.step)
         else:
             k = int(key)
             if k < 0:

@@ -94,14 +94,24 @@ class _Checkpoint:
         self.where = {}
         if path.endswith(".json"):
             with open(path, "rb") as f:
-                index = json.loads(f.read().decode("utf-8"))
+                text = f.read()
+            try:
+                index = json.loads(text.decode("utf-8"))
+            except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, deep nesting
+                raise _tf.DataLossError(_tf._lib.DATA_LOSS, "%s: bad checkpoint index: %s"
+                                        % (path, str(e)[:200])) from None
             wm = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(wm, dict):
                 raise _tf.DataLossError(_tf._lib.DATA_LOSS,
                                         "%s: bad checkpoint index: no \"weight_map\" object" % path)
+            for name, f in wm.items():
+                if not isinstance(f, str):
+                    raise _tf.DataLossError(
+                        _tf._lib.DATA_LOSS, "%s: bad checkpoint index: weight_map entry of %r is "
+                        "%s, not a file name" % (path, name, type(f).__name__))
             files = sorted(set(wm.values()))
             for f in files:
-                if not isinstance(f, str) or not _plain_relative(f):
+                if not _plain_relative(f):
                     raise _tf.DataLossError(
                         _tf._lib.DATA_LOSS, "%s: bad checkpoint index: file %r is not a relative "
                         "path inside the index's directory" % (path, f))
