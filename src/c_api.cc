@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
@@ -15,6 +16,8 @@
 #include "ferry/ferry.h"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "reader_impl.hpp"
+#include "torch_import/import_writer.hpp"
 #include "util.hpp"
 
 // The C header mirrors ferry::StatusCode; a drifted value would silently mislabel errors.
@@ -47,14 +50,32 @@ struct CScaling {
 
 }  // namespace
 
-// Everything a reader hands out by pointer is built once at open, so the pointers are stable
-// and the const accessors need no locking.
+namespace {
+
+// Every tensor's description, packed for ferry_reader_tensor_table and pointed into by
+// ferry_reader_tensor_info.
+struct TensorTable {
+  std::vector<ferry_tensor_record_t> records;
+  std::vector<char> names;
+  std::vector<int64_t> shapes;
+  uint64_t packed_bytes = 0;
+};
+
+}  // namespace
+
+// Everything a reader hands out by pointer is built once (at open, or the tensor table on
+// first use under a once flag), so the pointers are stable and the const accessors need no
+// locking.
 struct ferry_reader_t {
   std::shared_ptr<ferry::Reader> reader;
+  size_t num_tensors = 0;
   std::string producer;
-  std::vector<ferry::TensorInfo> infos;
   std::vector<std::pair<std::string, std::string>> metadata;
   std::vector<std::unique_ptr<CScaling>> scaling;
+  // Built on first use: a Python open of 100,000 tensors that only lists names must not pay
+  // per-tensor C++ objects.
+  mutable std::once_flag table_once;
+  mutable std::unique_ptr<TensorTable> table;
 };
 
 struct ferry_loader_t {
@@ -420,19 +441,75 @@ void FillScaling(const CScaling& c, ferry_scaling_state_t* out) {
   FillSized(full, out);
 }
 
-void FillInfo(const ferry::TensorInfo& info, ferry_tensor_info_t* out) {
+// One pass over the footer's tensor tables (no per-tensor heap objects): sizes first, so
+// the three arrays are allocated once.
+std::unique_ptr<TensorTable> BuildTable(const ferry::Reader& reader) {
+  const ferry::Reader::Impl& r = reader.impl();
+  const size_t n = r.size();
+  auto t = std::make_unique<TensorTable>();
+  uint64_t name_bytes = 0, dims = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const ferry::fb::Tensor* x = r.at(i);
+    name_bytes += x->name()->size() + 1;
+    dims += x->shape() ? x->shape()->size() : 0;
+  }
+  t->records.resize(n);
+  t->names.resize(name_bytes);
+  t->shapes.resize(dims);
+  uint64_t name_at = 0, dim_at = 0, packed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const ferry::fb::Tensor* x = r.at(i);
+    ferry_tensor_record_t& rec = t->records[i];
+    const flatbuffers::String* name = x->name();
+    std::memcpy(t->names.data() + name_at, name->data(), name->size());
+    t->names[name_at + name->size()] = '\0';
+    rec.name_offset = name_at;
+    rec.name_size = name->size();
+    name_at += name->size() + 1;
+    rec.shape_offset = dim_at;
+    rec.ndim = 0;
+    if (const auto* shape = x->shape()) {
+      for (flatbuffers::uoffset_t d = 0; d < shape->size(); ++d) {
+        t->shapes[dim_at + d] = shape->Get(d);
+      }
+      rec.ndim = static_cast<int32_t>(shape->size());
+      dim_at += shape->size();
+    }
+    rec.nbytes = x->nbytes();
+    rec.data_offset = x->data_offset();
+    rec.data_size = x->data_size();
+    rec.block_size = x->block_size();
+    rec.dtype = static_cast<int32_t>(x->dtype());
+    rec.encoding = static_cast<int32_t>(x->encoding());
+    rec.reserved = 0;
+    // Sizes are validated at open (each tensor lies inside the file), so the sum of aligned
+    // sizes cannot overflow.
+    rec.packed_offset = packed;
+    packed += ferry::AlignUp(rec.nbytes, FERRY_PACKED_ALIGNMENT);
+  }
+  t->packed_bytes = packed;
+  return t;
+}
+
+const TensorTable& Table(const ferry_reader_t* reader) {
+  std::call_once(reader->table_once, [reader] { reader->table = BuildTable(*reader->reader); });
+  return *reader->table;
+}
+
+void FillInfo(const TensorTable& table, size_t index, ferry_tensor_info_t* out) {
+  const ferry_tensor_record_t& rec = table.records[index];
   ferry_tensor_info_t full;
   full.struct_size = sizeof(full);
-  full.name = info.name.c_str();
-  full.dtype = static_cast<int32_t>(info.dtype);
-  full.ndim = static_cast<int32_t>(info.shape.size());
-  full.shape = info.shape.empty() ? nullptr : info.shape.data();
-  full.nbytes = info.nbytes;
-  full.data_offset = info.data_offset;
-  full.data_size = info.data_size;
-  full.encoding = static_cast<int32_t>(info.encoding);
-  full.block_size = info.block_size;
-  full.index = info.index;
+  full.name = table.names.data() + rec.name_offset;
+  full.dtype = rec.dtype;
+  full.ndim = rec.ndim;
+  full.shape = rec.ndim == 0 ? nullptr : table.shapes.data() + rec.shape_offset;
+  full.nbytes = rec.nbytes;
+  full.data_offset = rec.data_offset;
+  full.data_size = rec.data_size;
+  full.encoding = rec.encoding;
+  full.block_size = rec.block_size;
+  full.index = index;
   FillSized(full, out);
 }
 
@@ -528,6 +605,37 @@ int RunLoad(ferry_loader_t* loader, const ferry_reader_t* reader,
   if (!result.ok()) return Report(result.status(), error);
   if (out != nullptr) ExportLoaded(*result, out);
   return FERRY_OK;
+}
+
+// Packed loads: one request per non-empty tensor, into dst at its packed offset.
+int RunPacked(ferry_loader_t* loader, const ferry_reader_t* reader, void* dst, uint64_t dst_size,
+              void* stream, int mode, const char* function, ferry_error_t* error) {
+  if (loader == nullptr) return NullArg(error, function, "loader");
+  if (reader == nullptr) return NullArg(error, function, "reader");
+  const TensorTable& table = Table(reader);
+  if (table.packed_bytes == 0) return FERRY_OK;
+  if (dst == nullptr) return NullArg(error, function, "dst");
+  if (dst_size < table.packed_bytes) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(function, ": ", reader->reader->path(), ": dst holds ", dst_size,
+                              " bytes, a packed load needs ", table.packed_bytes));
+  }
+  std::vector<ferry::LoadRequest> reqs;
+  reqs.reserve(table.records.size());
+  for (const ferry_tensor_record_t& rec : table.records) {
+    if (rec.nbytes == 0) continue;
+    ferry::LoadRequest q;
+    q.name.assign(table.names.data() + rec.name_offset, rec.name_size);
+    q.dst = static_cast<uint8_t*>(dst) + rec.packed_offset;
+    q.dst_bytes = rec.nbytes;
+    reqs.push_back(std::move(q));
+  }
+  auto s = static_cast<ferry::Stream>(stream);
+  ferry::Result<std::vector<ferry::LoadedTensor>> result =
+      mode == 0   ? loader->loader->LoadAsync(*reader->reader, reqs, s)
+      : mode == 1 ? loader->loader->Load(*reader->reader, reqs, s)
+                  : loader->loader->LoadToHost(*reader->reader, reqs);
+  return result.ok() ? FERRY_OK : Report(result.status(), error);
 }
 
 }  // namespace
@@ -649,36 +757,56 @@ void ferry_writer_options_init(ferry_writer_options_t* options) {
   options->producer = nullptr;
 }
 
+namespace {
+// ferry_writer_options_t -> WriterOptions (ferry_writer_create, ferry_convert).
+int ToWriterOptions(const char* path, const ferry_writer_options_t* options, const char* fn,
+                    ferry::WriterOptions* o, ferry_error_t* error) {
+  if (options == nullptr) return FERRY_OK;
+  int rc = CheckSized(options, fn, "options", error);
+  if (rc != FERRY_OK) return rc;
+  if (FERRY_C_HAS(options, block_size)) o->block_size = options->block_size;
+  if (FERRY_C_HAS(options, encoding)) {
+    if (options->encoding < FERRY_ENCODING_RAW || options->encoding > FERRY_ENCODING_SHUFFLE_ZSTD) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(path, ": unknown default encoding ", options->encoding));
+    }
+    o->encoding = static_cast<ferry::Encoding>(options->encoding);
+  }
+  if (FERRY_C_HAS(options, zstd_level)) o->zstd_level = options->zstd_level;
+  if (FERRY_C_HAS(options, min_savings)) o->min_savings = options->min_savings;
+  if (FERRY_C_HAS(options, threads)) o->threads = options->threads;
+  if (FERRY_C_HAS(options, durable)) o->durable = options->durable != 0;
+  if (FERRY_C_HAS(options, producer) && options->producer != nullptr) {
+    o->producer = options->producer;
+  }
+  return FERRY_OK;
+}
+}  // namespace
+
 int ferry_writer_create(const char* path, const ferry_writer_options_t* options,
                         ferry_writer_t** out, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(path);
     FERRY_C_REQUIRE(out);
     ferry::WriterOptions o;
-    if (options != nullptr) {
-      int rc = CheckSized(options, fn, "options", error);
-      if (rc != FERRY_OK) return rc;
-      if (FERRY_C_HAS(options, block_size)) o.block_size = options->block_size;
-      if (FERRY_C_HAS(options, encoding)) {
-        if (options->encoding < FERRY_ENCODING_RAW ||
-            options->encoding > FERRY_ENCODING_SHUFFLE_ZSTD) {
-          return Fail(error, FERRY_INVALID_ARGUMENT,
-                      ferry::StrCat(path, ": unknown default encoding ", options->encoding));
-        }
-        o.encoding = static_cast<ferry::Encoding>(options->encoding);
-      }
-      if (FERRY_C_HAS(options, zstd_level)) o.zstd_level = options->zstd_level;
-      if (FERRY_C_HAS(options, min_savings)) o.min_savings = options->min_savings;
-      if (FERRY_C_HAS(options, threads)) o.threads = options->threads;
-      if (FERRY_C_HAS(options, durable)) o.durable = options->durable != 0;
-      if (FERRY_C_HAS(options, producer) && options->producer != nullptr) {
-        o.producer = options->producer;
-      }
-    }
+    int rc = ToWriterOptions(path, options, fn, &o, error);
+    if (rc != FERRY_OK) return rc;
     auto w = ferry::Writer::Create(path, std::move(o));
     if (!w.ok()) return Report(w.status(), error);
     *out = new ferry_writer_t(std::move(w).value());
     return FERRY_OK;
+  });
+}
+
+int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
+                  ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(src);
+    FERRY_C_REQUIRE(dst);
+    ferry::WriterOptions o;
+    int rc = ToWriterOptions(dst, options, fn, &o, error);
+    if (rc != FERRY_OK) return rc;
+    return Report(ferry::torch_import::ConvertCheckpoint(src, dst, o), error);
   });
 }
 
@@ -912,8 +1040,7 @@ int ferry_reader_open(const char* path, const ferry_reader_options_t* options, f
     h->reader = std::move(r).value();
     const ferry::Reader& rd = *h->reader;
     h->producer = rd.producer();
-    h->infos.reserve(rd.num_tensors());
-    for (size_t i = 0; i < rd.num_tensors(); ++i) h->infos.push_back(rd.tensor(i));
+    h->num_tensors = rd.num_tensors();
     h->metadata = rd.metadata();
     for (const ferry::ScalingState& s : rd.scaling_states()) h->scaling.push_back(ToCScaling(s));
     *out = h.release();
@@ -940,7 +1067,7 @@ const char* ferry_reader_producer(const ferry_reader_t* reader) {
 }
 
 size_t ferry_reader_num_tensors(const ferry_reader_t* reader) {
-  return reader == nullptr ? 0 : reader->infos.size();
+  return reader == nullptr ? 0 : reader->num_tensors;
 }
 
 int ferry_reader_tensor_info(const ferry_reader_t* reader, size_t index, ferry_tensor_info_t* info,
@@ -948,12 +1075,34 @@ int ferry_reader_tensor_info(const ferry_reader_t* reader, size_t index, ferry_t
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(info);
-    if (index >= reader->infos.size()) {
+    if (index >= reader->num_tensors) {
       return Fail(error, FERRY_INVALID_ARGUMENT,
                   ferry::StrCat(reader->reader->path(), ": tensor index ", index, " out of range (",
-                                reader->infos.size(), " tensors)"));
+                                reader->num_tensors, " tensors)"));
     }
-    FillInfo(reader->infos[index], info);
+    FillInfo(Table(reader), index, info);
+    return FERRY_OK;
+  });
+}
+
+int ferry_reader_tensor_table(const ferry_reader_t* reader, ferry_tensor_table_t* table,
+                              ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(reader);
+    FERRY_C_REQUIRE(table);
+    if (int rc = CheckSized(table, fn, "table", error); rc != FERRY_OK) return rc;
+    const TensorTable& t = Table(reader);
+    ferry_tensor_table_t full;
+    full.struct_size = sizeof(full);
+    full.num_tensors = t.records.size();
+    full.record_size = sizeof(ferry_tensor_record_t);
+    full.records = t.records.data();
+    full.names = t.names.data();
+    full.names_size = t.names.size();
+    full.shapes = t.shapes.data();
+    full.num_shape_entries = t.shapes.size();
+    full.packed_bytes = t.packed_bytes;
+    FillSized(full, table);
     return FERRY_OK;
   });
 }
@@ -966,7 +1115,7 @@ int ferry_reader_find_tensor(const ferry_reader_t* reader, const char* name,
     FERRY_C_REQUIRE(info);
     auto found = reader->reader->Find(name);
     if (!found.ok()) return Report(found.status(), error);
-    FillInfo(reader->infos[found->index], info);
+    FillInfo(Table(reader), found->index, info);
     return FERRY_OK;
   });
 }
@@ -1218,6 +1367,27 @@ int ferry_loader_load_to_host(ferry_loader_t* loader, const ferry_reader_t* read
   return Guard(error, [&, fn = __func__] {
     return RunLoad(loader, reader, requests, num_requests, nullptr, out, nullptr, 2,
                    "ferry_loader_load_to_host", error);
+  });
+}
+
+int ferry_loader_load_packed_async(ferry_loader_t* loader, const ferry_reader_t* reader, void* dst,
+                                   uint64_t dst_size, void* stream, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    return RunPacked(loader, reader, dst, dst_size, stream, 0, fn, error);
+  });
+}
+
+int ferry_loader_load_packed(ferry_loader_t* loader, const ferry_reader_t* reader, void* dst,
+                             uint64_t dst_size, void* stream, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    return RunPacked(loader, reader, dst, dst_size, stream, 1, fn, error);
+  });
+}
+
+int ferry_loader_load_to_host_packed(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                     void* dst, uint64_t dst_size, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    return RunPacked(loader, reader, dst, dst_size, nullptr, 2, fn, error);
   });
 }
 

@@ -456,9 +456,10 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     return v.Fail(StrCat(n, " tensors (limit ", format::kMaxTensors, ")"));
   }
 
-  // Slices of the tensor list, each verified structurally and then semantically on its own
-  // thread. A slice's first name is compared with its predecessor's only in the second phase,
-  // once every table is known to be well formed.
+  // Slices of the tensor list, each on its own thread: every table verified structurally and
+  // then checked semantically while it is in cache, in one pass. A slice's first name is
+  // compared with its predecessor's (another slice's table) after the join, once every table
+  // is known to be well formed.
   const size_t slices = std::clamp<size_t>(
       std::min<size_t>(n / 16384, std::max(1u, std::thread::hardware_concurrency())), 1, 8);
   struct SliceResult {
@@ -495,26 +496,21 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     return Status::Ok();
   };
   run_slices([&](size_t k) {
-    flatbuffers::Verifier tv(footer, static_cast<size_t>(size), opts);
-    for (size_t i = slice_begin(k); i < slice_begin(k + 1); ++i) {
-      if (!tensors->Get(static_cast<flatbuffers::uoffset_t>(i))->Verify(tv)) {
-        results[k].status = v.Fail(StrCat("FlatBuffers verification failed at tensor #", i));
-        return;
-      }
-    }
-  });
-  FERRY_RETURN_IF_ERROR(first_error());
-  run_slices([&](size_t k) {
     SliceResult& r = results[k];
+    flatbuffers::Verifier tv(footer, static_cast<size_t>(size), opts);
     uint64_t last_end = 0;
+    std::string_view prev;
     for (size_t i = slice_begin(k); i < slice_begin(k + 1); ++i) {
       const fb::Tensor* t = tensors->Get(static_cast<flatbuffers::uoffset_t>(i));
-      std::string_view prev =
-          i == 0 ? std::string_view()
-                 : Sv(tensors->Get(static_cast<flatbuffers::uoffset_t>(i - 1))->name());
-      r.status = v.CheckName(Sv(t->name()), prev, i == 0, "tensor", i);
+      if (!t->Verify(tv)) {
+        r.status = v.Fail(StrCat("FlatBuffers verification failed at tensor #", i));
+        return;
+      }
+      std::string_view name = Sv(t->name());
+      r.status = v.CheckName(name, prev, i == slice_begin(k), "tensor", i);
       if (r.status.ok()) r.status = v.CheckTensor(t, i, data_end);
       if (!r.status.ok()) return;
+      prev = name;
       ext[i] = {t->data_offset(), t->data_offset() + t->data_size()};
       if (t->data_size() == 0) continue;
       ++r.nonempty;
@@ -523,6 +519,14 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     }
   });
   FERRY_RETURN_IF_ERROR(first_error());
+  for (size_t k = 1; k < slices; ++k) {
+    size_t i = slice_begin(k);
+    if (i == 0 || i >= n) continue;
+    auto name_at = [&](size_t j) {
+      return Sv(tensors->Get(static_cast<flatbuffers::uoffset_t>(j))->name());
+    };
+    FERRY_RETURN_IF_ERROR(v.CheckName(name_at(i), name_at(i - 1), false, "tensor", i));
+  }
   uint64_t nonempty = 0;
   for (const SliceResult& r : results) nonempty += r.nonempty;
 

@@ -483,6 +483,83 @@ static void test_loader_host(const char* path) {
   ferry_reader_free(r);
 }
 
+/* Every description in one call, consistent with the per-tensor calls, and a packed host
+ * load of every tensor into one buffer. */
+static void test_tensor_table(const char* path) {
+  ferry_reader_t* r = NULL;
+  ferry_loader_t* l = NULL;
+  ferry_error_t err;
+  ferry_tensor_table_t table;
+  ferry_tensor_info_t info;
+  uint8_t* packed = NULL;
+  const char* expect_names[5] = {"bf16", "fp4", "fp8", "matrix", "scalar"};
+  uint64_t name_at = 0, end = 0;
+  size_t i;
+  int d;
+
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  CHECK_OK(ferry_loader_create(NULL, &l, &err));
+  if (r == NULL || l == NULL) {
+    ferry_reader_free(r);
+    ferry_loader_free(l);
+    return;
+  }
+  memset(&table, 0, sizeof(table));
+  CHECK(ferry_reader_tensor_table(r, &table, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "struct_size"));
+  table.struct_size = sizeof(table);
+  CHECK_OK(ferry_reader_tensor_table(r, &table, &err));
+  CHECK(table.num_tensors == 5 && table.num_tensors == ferry_reader_num_tensors(r));
+  CHECK(table.record_size >= sizeof(ferry_tensor_record_t));
+  for (i = 0; i < table.num_tensors && i < 5; ++i) {
+    const ferry_tensor_record_t* rec =
+        (const ferry_tensor_record_t*)((const char*)table.records + i * table.record_size);
+    info.struct_size = sizeof(info);
+    CHECK_OK(ferry_reader_tensor_info(r, i, &info, &err));
+    /* Names back to back, each followed by a NUL; the info's name points into the table. */
+    CHECK(rec->name_offset == name_at);
+    CHECK(strcmp(table.names + rec->name_offset, expect_names[i]) == 0);
+    CHECK(rec->name_size == strlen(expect_names[i]));
+    CHECK(info.name == table.names + rec->name_offset);
+    name_at += rec->name_size + 1;
+    CHECK(rec->dtype == info.dtype && rec->ndim == info.ndim && rec->nbytes == info.nbytes);
+    CHECK(rec->data_offset == info.data_offset && rec->data_size == info.data_size);
+    CHECK(rec->encoding == info.encoding && rec->block_size == info.block_size);
+    CHECK(rec->reserved == 0);
+    for (d = 0; d < rec->ndim; ++d) CHECK(table.shapes[rec->shape_offset + d] == info.shape[d]);
+    /* Packed offsets: aligned, in name order, no overlap, all inside packed_bytes. */
+    CHECK(rec->packed_offset % FERRY_PACKED_ALIGNMENT == 0);
+    CHECK(rec->packed_offset >= end);
+    end = rec->packed_offset + rec->nbytes;
+  }
+  CHECK(name_at == table.names_size);
+  CHECK(end <= table.packed_bytes);
+
+  CHECK(ferry_loader_load_to_host_packed(l, r, NULL, table.packed_bytes, &err) ==
+        FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "dst"));
+  packed = (uint8_t*)malloc(table.packed_bytes);
+  if (packed != NULL && table.num_tensors == 5) {
+    const ferry_tensor_record_t* rec = table.records;
+    CHECK(ferry_loader_load_to_host_packed(l, r, packed, table.packed_bytes - 1, &err) ==
+          FERRY_INVALID_ARGUMENT);
+    CHECK(contains(err.message, "packed load needs"));
+    memset(packed, 0xAB, table.packed_bytes);
+    CHECK_OK(ferry_loader_load_to_host_packed(l, r, packed, table.packed_bytes, &err));
+    /* Table records are in name order: bf16 (shuffle+zstd), fp4, fp8, matrix, scalar. */
+    CHECK(memcmp(packed + rec[0].packed_offset, g_bf16, sizeof(g_bf16)) == 0);
+    CHECK(memcmp(packed + rec[1].packed_offset, g_fp4, sizeof(g_fp4)) == 0);
+    CHECK(memcmp(packed + rec[2].packed_offset, g_fp8, sizeof(g_fp8)) == 0);
+    CHECK(memcmp(packed + rec[3].packed_offset, g_matrix, sizeof(g_matrix)) == 0);
+    CHECK(memcmp(packed + rec[4].packed_offset, &g_scalar, sizeof(g_scalar)) == 0);
+    /* Padding between tensors is left alone. */
+    CHECK(packed[rec[1].packed_offset + sizeof(g_fp4)] == 0xAB);
+  }
+  free(packed);
+  ferry_loader_free(l);
+  ferry_reader_free(r);
+}
+
 static void test_errors(const char* path) {
   char missing[600], corrupt[600];
   ferry_reader_t* r = NULL;
@@ -559,6 +636,7 @@ int main(int argc, char** argv) {
   if (write_checkpoint(path) == FERRY_OK) {
     test_read(path);
     test_loader_host(path);
+    test_tensor_table(path);
     test_errors(path);
   }
   remove(path);

@@ -483,6 +483,36 @@ TEST_F(CorruptionTest, HostileGlobalSlice) {
   ExpectRejected(spec, "has global_shape without shard_offset");
 }
 
+// Enough tensors that the index is validated in parallel slices: a name out of order exactly
+// where one slice ends and the next begins is caught as well as one inside a slice.
+TEST_F(CorruptionTest, UnsortedNamesAcrossValidationSlices) {
+  FileSpec base = BaselineSpec();
+  base.data_order.reset();
+  TensorSpec empty{"", static_cast<uint8_t>(DType::kF16), std::vector<int64_t>{0}, 0, 0, 0};
+  empty.block_size = 0;
+  const size_t n = 40000;
+  char name[32];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(name, sizeof(name), "e%06zu", i);  // after "a".."d"
+    empty.name = name;
+    base.tensors.push_back(empty);
+  }
+  ASSERT_TRUE(OpenBytes(Assemble(base)).ok());
+  // 40,004 tensors make two slices (one per 16,384 tensors, as many as there are cores):
+  // the boundary, and an index inside a slice.
+  const size_t total = base.tensors.size();
+  for (size_t i : {total / 2, size_t{12345}}) {
+    FileSpec spec = base;
+    spec.tensors[i].name = spec.tensors[i - 1].name;
+    ExpectRejected(
+        spec, "tensor #" + std::to_string(i) + " '" + spec.tensors[i].name + "' is a duplicate");
+    spec = base;
+    std::swap(spec.tensors[i].name, spec.tensors[i - 1].name);
+    ExpectRejected(spec, "tensor #" + std::to_string(i) + " '" + spec.tensors[i].name +
+                             "' is out of sorted order");
+  }
+}
+
 TEST_F(CorruptionTest, UnsortedOrDuplicateNames) {
   FileSpec spec = BaselineSpec();
   std::swap(spec.tensors[0], spec.tensors[1]);

@@ -293,6 +293,16 @@ FERRY_API int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, 
 FERRY_API int ferry_writer_add_dltensor(ferry_writer_t* writer, const char* name,
                                         const DLTensor* tensor, int32_t encoding,
                                         ferry_error_t* error);
+/* Converts the checkpoint at `src` into `dst`, atomically (nothing replaces `dst` unless the
+ * whole conversion succeeds). `src`: a torch.save file (.pt, .bin), a sharded
+ * pytorch_model.bin.index.json, a PyTorch Distributed Checkpoint folder, a safetensors file
+ * or a TensorFerry checkpoint. PyTorch inputs are read without running their pickles: only
+ * tensors, plain values and TransformerEngine extra state are imported, anything else is
+ * refused with an error naming it. `dst` ending in ".safetensors" writes safetensors (PyTorch
+ * inputs without FP8 scaling state only); anything else a TensorFerry checkpoint written with
+ * `options` (NULL: defaults). Thread-safe (touches no shared state). */
+FERRY_API int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
+                            ferry_error_t* error);
 /* Sets a string metadata entry (a later value for the same key replaces the earlier one). */
 FERRY_API int ferry_writer_set_metadata(ferry_writer_t* writer, const char* key, const char* value,
                                         ferry_error_t* error);
@@ -427,6 +437,45 @@ FERRY_API int ferry_reader_tensor_info(const ferry_reader_t* reader, size_t inde
 /* By exact name; FERRY_NOT_FOUND (naming file and tensor) when absent. */
 FERRY_API int ferry_reader_find_tensor(const ferry_reader_t* reader, const char* name,
                                        ferry_tensor_info_t* info, ferry_error_t* error);
+
+/* Every tensor's description in one call, for bindings that would otherwise cross this
+ * boundary once per tensor (a mixture-of-experts checkpoint holds ~100,000). Built on the first
+ * call (or the first ferry_reader_tensor_info / find_tensor) and kept by the reader: every
+ * pointer lives as long as the reader; any number of threads may call it at once. */
+typedef struct ferry_tensor_record_t {
+  uint64_t name_offset;  /* into ferry_tensor_table_t.names, where the NUL-terminated name starts */
+  uint64_t name_size;    /* bytes, without the NUL */
+  uint64_t shape_offset; /* into ferry_tensor_table_t.shapes: ndim entries */
+  uint64_t nbytes;       /* raw bytes */
+  uint64_t data_offset;  /* absolute file offset of the stored bytes */
+  uint64_t data_size;    /* stored bytes (== nbytes for raw) */
+  uint64_t block_size;   /* raw bytes per checksum block / chunk */
+  uint64_t packed_offset; /* where the tensor lands in a packed load (ferry_loader_load_packed) */
+  int32_t dtype;          /* ferry_dtype_t */
+  int32_t ndim;
+  int32_t encoding; /* FERRY_ENCODING_* */
+  int32_t reserved; /* 0 */
+} ferry_tensor_record_t;
+
+/* Alignment of every packed_offset (device copies and vector loads want aligned starts). */
+#define FERRY_PACKED_ALIGNMENT 256
+
+typedef struct ferry_tensor_table_t {
+  size_t struct_size; /* set by the caller: sizeof(ferry_tensor_table_t) */
+  size_t num_tensors; /* == ferry_reader_num_tensors */
+  size_t record_size; /* stride of `records` in bytes (>= sizeof(ferry_tensor_record_t)) */
+  const ferry_tensor_record_t* records; /* num_tensors records, in name order */
+  /* Every name followed by one NUL byte, in name order (names never hold a NUL). */
+  const char* names;
+  uint64_t names_size; /* bytes of `names`, the NULs included */
+  const int64_t* shapes;
+  uint64_t num_shape_entries;
+  /* Bytes a packed load needs: every tensor at its packed_offset. */
+  uint64_t packed_bytes;
+} ferry_tensor_table_t;
+
+FERRY_API int ferry_reader_tensor_table(const ferry_reader_t* reader, ferry_tensor_table_t* table,
+                                        ferry_error_t* error);
 
 /* Metadata entries, in key order. Strings live as long as the reader. */
 FERRY_API size_t ferry_reader_num_metadata(const ferry_reader_t* reader);
@@ -565,6 +614,20 @@ FERRY_API int ferry_loader_load(ferry_loader_t* loader, const ferry_reader_t* re
 FERRY_API int ferry_loader_load_to_host(ferry_loader_t* loader, const ferry_reader_t* reader,
                                         const ferry_load_request_t* requests, size_t num_requests,
                                         DLManagedTensorVersioned** out, ferry_error_t* error);
+
+/* Packed loads: every tensor of the checkpoint into one caller buffer, tensor i (name order)
+ * at dst + records[i].packed_offset of ferry_reader_tensor_table, `dst_size` >= its
+ * packed_bytes. One allocation instead of one per tensor, and no request list: what a binding
+ * loading a whole checkpoint wants. Device loads take memory of the current device and copy
+ * on `stream` like ferry_loader_load_async / ferry_loader_load; the host form needs no GPU. */
+FERRY_API int ferry_loader_load_packed_async(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                             void* dst, uint64_t dst_size, void* stream,
+                                             ferry_error_t* error);
+FERRY_API int ferry_loader_load_packed(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                       void* dst, uint64_t dst_size, void* stream,
+                                       ferry_error_t* error);
+FERRY_API int ferry_loader_load_to_host_packed(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                               void* dst, uint64_t dst_size, ferry_error_t* error);
 
 #ifdef __cplusplus
 }

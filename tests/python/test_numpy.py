@@ -73,6 +73,34 @@ def test_round_trip_every_dtype(path, name, encoding):
         assert loaded[k].flags.writeable
 
 
+def test_many_tensors_described_in_one_call(path):
+    # Names, dtypes and shapes come from one table call; load_file fills one packed buffer.
+    kinds = [(np.float32, (3, 2)), (ml_dtypes.bfloat16, (5,)), (np.int64, ()),
+             (np.uint8, (0, 7)), (ml_dtypes.float4_e2m1fn, (3,)), (np.float16, (2, 2, 2))]
+    arrays = {}
+    for i in range(3000):
+        dtype, shape = kinds[i % len(kinds)]
+        arrays["layer.%d.é%d" % (i // 7, i % 7)] = sample(dtype, shape, seed=i)
+    tf.save_file(arrays, path, durable=False)
+    with tf.Reader(path) as r:
+        keys = r.keys()
+        assert keys == sorted(arrays, key=lambda k: k.encode("utf-8"))
+        for k in keys[::97]:
+            info = r.info(k)
+            assert info.name == k and info.shape == arrays[k].shape
+        with pytest.raises(tf.NotFoundError, match="'absent'"):
+            r.info("absent")
+    loaded = tf.load_file(path)
+    assert list(loaded) == keys
+    for k, v in arrays.items():
+        assert_same(loaded[k], v)
+    # Views of one buffer, but never of each other's bytes.
+    a, b = loaded["layer.0.é0"], loaded["layer.0.é6"]
+    before = b.copy()
+    a[...] = 0
+    assert_same(b, before)
+
+
 def test_fp4_packing_order(path):
     # Element 2i in the low nibble of byte i (DLPack's and TransformerEngine's order).
     codes = np.array([1, 2, 3, 4, 5], np.uint8)

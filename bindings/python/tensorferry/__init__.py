@@ -19,6 +19,7 @@ numpy through ml_dtypes.
 
 import atexit
 import ctypes
+import struct
 import threading
 
 from . import _dtypes, _lib, _scaling
@@ -26,12 +27,14 @@ from ._dlpack import DLPackTensor, HostBuffer
 from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidArgumentError,
                    IoError, NotFoundError, ResourceExhaustedError, UnimplementedError,
                    load_library, library_path)
+from ._convert import convert
 
 __all__ = [
     "save_file", "load_file", "safe_open", "read_metadata", "read_scaling_state", "Reader",
     "Loader", "TensorInfo", "DLPackTensor", "cuda_available", "version", "load_library",
     "library_path", "FerryError", "InvalidArgumentError", "NotFoundError", "DataLossError",
     "ResourceExhaustedError", "UnimplementedError", "InternalError", "CudaError", "IoError",
+    "convert",
 ]
 
 
@@ -70,17 +73,21 @@ class TensorInfo:
 
     __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
 
-    def __init__(self, c, path=None):
-        self.name = _lib.decode(c.name, path, "tensor #%d name" % c.index)
-        self.dtype = _dtypes.NAMES[c.dtype]
-        self.shape = tuple(c.shape[i] for i in range(c.ndim))
-        self.nbytes = c.nbytes
-        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd"}[c.encoding]
-        self.data_offset = c.data_offset
-        self.data_size = c.data_size
+    def __init__(self, name, dtype, shape, nbytes, encoding, data_offset, data_size):
+        self.name = name
+        self.dtype = _dtypes.NAMES[dtype]
+        self.shape = shape
+        self.nbytes = nbytes
+        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd"}[encoding]
+        self.data_offset = data_offset
+        self.data_size = data_size
 
     def __repr__(self):
         return "TensorInfo(%r, %s, %r, %s)" % (self.name, self.dtype, self.shape, self.encoding)
+
+
+# ferry_tensor_record_t (include/ferry/ferry.h): eight uint64 then four int32.
+_RECORD = struct.Struct("<8Q4i")
 
 
 def _numel(shape):
@@ -206,16 +213,30 @@ class Reader(_Closable):
         _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts), ctypes.byref(handle))
         self._handle = handle
         self._lib = L
-        n = L.ferry_reader_num_tensors(handle)
+        try:
+            # Every description in one call, copied out as three byte strings: names are
+            # split in one pass, TensorInfo objects are made on first use.
+            table = _lib.TensorTable()
+            table.struct_size = ctypes.sizeof(table)
+            _lib.call("ferry_reader_tensor_table", handle, ctypes.byref(table))
+            n = table.num_tensors
+            names = ctypes.string_at(table.names, table.names_size) if n else b""
+            try:
+                self._order = names.decode("utf-8").split("\0")[:-1]
+            except UnicodeDecodeError:
+                for i, raw in enumerate(names.split(b"\0")[:-1]):  # which one, for the message
+                    _lib.decode(raw, path, "tensor #%d name" % i)
+                raise
+            self._record_size = table.record_size
+            self._records = ctypes.string_at(table.records, n * table.record_size) if n else b""
+            self._shapes = (ctypes.string_at(table.shapes, 8 * table.num_shape_entries)
+                            if table.num_shape_entries else b"")
+            self._packed_bytes = table.packed_bytes
+        except BaseException:
+            self.close()
+            raise
         self._infos = {}
-        self._order = []
-        for i in range(n):
-            c = _lib.TensorInfo()
-            c.struct_size = ctypes.sizeof(c)
-            _lib.call("ferry_reader_tensor_info", handle, i, ctypes.byref(c))
-            info = TensorInfo(c, path)
-            self._infos[info.name] = info
-            self._order.append(info.name)
+        self._index = None
 
     @property
     def handle(self):
@@ -240,14 +261,31 @@ class Reader(_Closable):
     def keys(self):
         return list(self._order)
 
+    def _index_of(self, name):
+        index = self._index
+        if index is None:
+            index = self._index = dict(zip(self._order, range(len(self._order))))
+        return index.get(name)
+
+    def _record(self, i):
+        """(name, dtype code, shape, nbytes, encoding code, data_offset, data_size,
+        packed_offset) of tensor i in name order."""
+        (_, _, shape_at, nbytes, data_offset, data_size, _, packed, dtype, ndim, encoding,
+         _) = _RECORD.unpack_from(self._records, i * self._record_size)
+        shape = struct.unpack_from("<%dq" % ndim, self._shapes, 8 * shape_at) if ndim else ()
+        return self._order[i], dtype, shape, nbytes, encoding, data_offset, data_size, packed
+
     def info(self, name):
         info = self._infos.get(name)
         if info is None:
-            # The C library builds the message (file and tensor named) and the error type.
-            c = _lib.TensorInfo()
-            c.struct_size = ctypes.sizeof(c)
-            _lib.call("ferry_reader_find_tensor", self.handle, _name(name), ctypes.byref(c))
-            raise NotFoundError(_lib.NOT_FOUND, "%s: no tensor named %r" % (self.path, name))
+            i = self._index_of(name)
+            if i is None:
+                # The C library builds the message (file and tensor named) and the error type.
+                c = _lib.TensorInfo()
+                c.struct_size = ctypes.sizeof(c)
+                _lib.call("ferry_reader_find_tensor", self.handle, _name(name), ctypes.byref(c))
+                raise NotFoundError(_lib.NOT_FOUND, "%s: no tensor named %r" % (self.path, name))
+            info = self._infos[name] = TensorInfo(*self._record(i)[:7])
         return info
 
     def metadata(self):
@@ -320,6 +358,39 @@ def _numpy_copy(reader, name, rows=None, verify=False):
         return codes.view(_dtypes.to_numpy(info.dtype)).reshape(shape)
     out = np.empty(shape, _dtypes.to_numpy(info.dtype))
     reader.read_into(name, out.ctypes.data, nbytes, rows, verify)
+    return out
+
+
+def _numpy_load_all(reader, verify=False):
+    """Every tensor as numpy arrays, through one packed host load (the library's worker
+    threads, one allocation, no per-tensor call into the library). The arrays are views of
+    that one buffer, writable, each at its own 256-byte-aligned offset."""
+    import numpy as np
+
+    n = len(reader._order)
+    buf = np.empty(max(1, reader._packed_bytes), np.uint8)
+    if reader._packed_bytes:
+        _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle, reader.handle,
+                  ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
+    rec = np.frombuffer(reader._records, dtype=np.dtype(
+        {"names": ["shape_at", "nbytes", "packed", "dtype", "ndim"],
+         "formats": ["<u8", "<u8", "<u8", "<i4", "<i4"],
+         "offsets": [16, 24, 56, 64, 68], "itemsize": reader._record_size}), count=n)
+    dims = np.frombuffer(reader._shapes, "<i8").tolist() if reader._shapes else []
+    np_types = {}
+    out = {}
+    for name, code, ndim, at, offset, nbytes in zip(
+            reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(), rec["shape_at"].tolist(),
+            rec["packed"].tolist(), rec["nbytes"].tolist()):
+        shape = tuple(dims[at:at + ndim])
+        dt = np_types.get(code)
+        if dt is None:
+            dt = np_types[code] = _dtypes.to_numpy(_dtypes.NAMES[code])
+        if code == _dtypes.CODES["F4_E2M1FN"]:  # one element per byte in numpy
+            codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
+            out[name] = codes.view(dt).reshape(shape)
+        else:
+            out[name] = np.ndarray(shape, dt, buf, offset)
     return out
 
 
@@ -412,12 +483,25 @@ def _default_loader(device_index):
         return loader
 
 
+_host_loaders = {}
+
+
+def _host_loader(verify):
+    """A loader kept for host loads (its worker threads live on), one per verify setting."""
+    with _loaders_lock:
+        loader = _host_loaders.get(verify)
+        if loader is None:
+            loader = _host_loaders[verify] = Loader(verify=verify)
+        return loader
+
+
 @atexit.register
 def _free_loaders():
     # Pinned memory must go back while the CUDA context still exists.
     with _loaders_lock:
-        loaders = list(_loaders.values())
+        loaders = list(_loaders.values()) + list(_host_loaders.values())
         _loaders.clear()
+        _host_loaders.clear()
     for loader in loaders:
         loader.close()
 
@@ -464,6 +548,41 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
                 (loader or _default_loader(index)).load_into(
                     reader, targets, stream=stream.cuda_stream, non_blocking=non_blocking)
     return outs
+
+
+def _torch_cuda_load_all(reader, device, verify=False):
+    """Every tensor onto `device` (see _cuda_index) through one packed load: one torch
+    allocation, one library call, then a view per tensor. Copies run on the device's current
+    torch stream; returns once they are complete."""
+    torch = _torch()
+    index = _cuda_index(torch, device)
+    if verify:  # checksums on the host first: the shared default loader does not verify
+        reader.verify()
+    nbytes_all = reader._packed_bytes
+    with torch.cuda.device(index):
+        stream = torch.cuda.current_stream(index)
+        with torch.cuda.stream(stream):
+            dev = torch.device("cuda", index)
+            flat = torch.empty(max(1, nbytes_all), dtype=torch.uint8, device=dev)
+            if nbytes_all:
+                _lib.call("ferry_loader_load_packed", _default_loader(index)._handle,
+                          reader.handle, ctypes.c_void_p(flat.data_ptr()), nbytes_all,
+                          ctypes.c_void_p(stream.cuda_stream))
+            out = {}
+            copied = False
+            for i in range(len(reader._order)):
+                name, code, shape, nbytes, _, _, _, offset = reader._record(i)
+                dtype = _dtypes.NAMES[code]
+                t = _torch_view(torch, flat, offset, dtype, shape, nbytes)
+                if t is None:  # no view of that dtype and shape: a copy of the bytes
+                    t = _torch_empty(torch, dtype, shape, nbytes, dev)
+                    if nbytes:
+                        t.view(-1).view(torch.uint8).copy_(flat.narrow(0, offset, nbytes))
+                        copied = True
+                out[name] = t
+            if copied:
+                stream.synchronize()
+    return out
 
 
 class Loader(_Closable):
@@ -582,7 +701,8 @@ def _resolve(framework, device):
 def load_file(path, device=None, framework=None, verify=False):
     """Loads every tensor of a checkpoint into a dict.
 
-    device None or "cpu": numpy arrays (writable copies), or torch CPU tensors with
+    device None or "cpu": numpy arrays (writable copies, views of one buffer the library
+    fills with all its worker threads), or torch CPU tensors with
     framework="pt". device "cuda" (the current device), "cuda:N" or a torch.device: torch
     tensors on that device, copied on its current torch stream (the call returns once they
     are complete). FP6 tensors come to torch as uint8; FP4 as float4_e2m1fn_x2 (uint8 bytes
@@ -592,11 +712,10 @@ def load_file(path, device=None, framework=None, verify=False):
     with Reader(path) as r:
         names = r.keys()
         if framework == "np":
-            return {n: _numpy_copy(r, n, verify=verify) for n in names}
+            return _numpy_load_all(r, verify=verify)
         if device == "cpu":
             return {n: _torch_host(r, n, verify=verify) for n in names}
-        return dict(zip(names, _torch_cuda_load(r, [(n, None) for n in names], device,
-                                               verify=verify)))
+        return _torch_cuda_load_all(r, device, verify=verify)
 
 
 def read_metadata(path):

@@ -170,6 +170,37 @@ class TensorInfo(ctypes.Structure):
     ]
 
 
+class TensorRecord(ctypes.Structure):
+    _fields_ = [
+        ("name_offset", c_uint64),
+        ("name_size", c_uint64),
+        ("shape_offset", c_uint64),
+        ("nbytes", c_uint64),
+        ("data_offset", c_uint64),
+        ("data_size", c_uint64),
+        ("block_size", c_uint64),
+        ("packed_offset", c_uint64),
+        ("dtype", c_int32),
+        ("ndim", c_int32),
+        ("encoding", c_int32),
+        ("reserved", c_int32),
+    ]
+
+
+class TensorTable(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("num_tensors", c_size_t),
+        ("record_size", c_size_t),
+        ("records", c_void_p),
+        ("names", c_void_p),
+        ("names_size", c_uint64),
+        ("shapes", c_void_p),
+        ("num_shape_entries", c_uint64),
+        ("packed_bytes", c_uint64),
+    ]
+
+
 class LoaderOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -355,6 +386,7 @@ def _declare(lib):
     fn("ferry_writer_add_tensor", I, c_void_p, c_char_p, c_int32, POINTER(c_int64), c_int32,
        c_void_p, c_uint64, c_int32, E)
     fn("ferry_writer_set_metadata", I, c_void_p, c_char_p, c_char_p, E)
+    fn("ferry_convert", I, c_char_p, c_char_p, POINTER(WriterOptions), E)
     fn("ferry_recipe_init", None, POINTER(Recipe), c_int32)
     fn("ferry_writer_add_scaling_state", I, c_void_p, c_char_p, POINTER(Recipe),
        POINTER(DirectionState), c_size_t, E)
@@ -372,6 +404,7 @@ def _declare(lib):
     fn("ferry_reader_num_tensors", c_size_t, c_void_p)
     fn("ferry_reader_tensor_info", I, c_void_p, c_size_t, POINTER(TensorInfo), E)
     fn("ferry_reader_find_tensor", I, c_void_p, c_char_p, POINTER(TensorInfo), E)
+    fn("ferry_reader_tensor_table", I, c_void_p, POINTER(TensorTable), E)
     fn("ferry_reader_num_metadata", c_size_t, c_void_p)
     fn("ferry_reader_metadata_at", I, c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p),
        E)
@@ -395,6 +428,9 @@ def _declare(lib):
            POINTER(c_void_p), c_void_p, E)
     fn("ferry_loader_load_to_host", I, c_void_p, c_void_p, POINTER(LoadRequest), c_size_t,
        POINTER(c_void_p), E)
+    for name in ("ferry_loader_load_packed_async", "ferry_loader_load_packed"):
+        fn(name, I, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, E)
+    fn("ferry_loader_load_to_host_packed", I, c_void_p, c_void_p, c_void_p, c_uint64, E)
 
 
 def call(name, *args):
