@@ -14,7 +14,11 @@ int main(int argc, char** argv) {
       "checkpoints.\nFiles are recognised by content: TensorFerry checkpoints and .safetensors "
       "files both work everywhere a FILE is read."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("ferry ") + ferry::VersionString());
+  app.set_version_flag("-V,--version", std::string("ferry ") + ferry::VersionString());
+  app.add_flag("-q,--quiet", g_quiet,
+               "no progress display and no summary of a job that succeeded (errors still print)");
+  // --quiet may also follow the subcommand: `ferry convert a b --quiet`.
+  app.fallthrough();
 
   InspectOptions inspect;
   CLI::App* inspect_cmd = app.add_subcommand(
@@ -68,7 +72,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--keep", bench.keep, "keep the generated checkpoint");
   bench_cmd->add_option("--threads", bench.threads, "loader threads (0: automatic)")
       ->check(CLI::Range(0, 1024));
-  bench_cmd->add_option("--chunk-mib", bench.chunk_mib, "MiB per staging slot and copy")
+  bench_cmd->add_option("--slot-mib,--chunk-mib", bench.slot_mib, "MiB per staging slot and copy")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   bench_cmd->add_option("--staging-mib", bench.staging_mib, "pinned staging ring MiB")

@@ -6,9 +6,8 @@
 #include <system_error>
 #include <thread>
 
+#include "block_source.hpp"
 #include "cli.hpp"
-#include "codec.hpp"
-#include "reader_impl.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
@@ -28,12 +27,12 @@ int RunVerify(const VerifyOptions& options) {
   auto opened = Reader::Open(options.file);
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;
-  const Reader::Impl& impl = reader.impl();
+  const BlockSource& blocks = BlocksOf(reader);
 
   uint64_t raw_total = 0;
-  for (size_t i = 0; i < reader.num_tensors(); ++i) raw_total += impl.at(i)->nbytes();
+  for (size_t i = 0; i < reader.num_tensors(); ++i) raw_total += blocks.RawSize(i);
 
-  if (!impl.has_checksums) {
+  if (!blocks.has_checksums()) {
     if (options.json) {
       nlohmann::ordered_json j = {{"path", reader.path()},
                                   {"format", "safetensors"},
@@ -56,7 +55,7 @@ int RunVerify(const VerifyOptions& options) {
   // One work item per block, so one large tensor spreads over every thread.
   std::vector<std::pair<size_t, uint64_t>> items;
   for (size_t i = 0; i < reader.num_tensors(); ++i) {
-    for (uint64_t b = 0; b < impl.NumBlocks(i); ++b) items.emplace_back(i, b);
+    for (uint64_t b = 0; b < blocks.NumBlocks(i); ++b) items.emplace_back(i, b);
   }
   int threads = options.threads;
   if (threads <= 0) {
@@ -70,24 +69,14 @@ int RunVerify(const VerifyOptions& options) {
   std::vector<Failure> failures;
   Status resource;
   auto work = [&] {
-    // One block of scratch at most per thread, leased from the process-wide decode budget
-    // when blocks are huge: threads then take turns instead of multiplying the memory.
-    DecodeScratch scratch;
     for (;;) {
       size_t k = next.fetch_add(1);
       if (k >= items.size()) break;
       auto [i, b] = items[k];
-      const fb::Tensor* t = impl.at(i);
-      uint64_t raw = impl.BlockRawSize(i, b);
-      Status st;
-      if (t->encoding() == fb::Encoding::RAW) {
-        st = impl.VerifyBlock(i, b, impl.base() + t->data_offset() + b * t->block_size());
-      } else {
-        st = impl.DecodeBlockRange(i, b, 0, 0, nullptr, true, &scratch);
-        scratch.Release();
-      }
+      Status st = blocks.VerifyBlock(i, b);
       if (st.code() == StatusCode::kResourceExhausted) {
-        // Not a verdict on the file: the whole check fails, saying why.
+        // Not a verdict on the file: the whole check fails, saying why. Huge blocks lease
+        // their decode scratch from one budget (docs/SECURITY.md), so threads take turns.
         std::lock_guard<std::mutex> lock(mu);
         if (resource.ok()) resource = st;
         next = items.size();
@@ -97,7 +86,7 @@ int RunVerify(const VerifyOptions& options) {
         std::lock_guard<std::mutex> lock(mu);
         failures.push_back(Failure{i, b, st.message()});
       }
-      progress.Add(raw);
+      progress.Add(blocks.Block(i, b).raw_size);
     }
   };
   std::vector<std::thread> pool;
@@ -124,7 +113,7 @@ int RunVerify(const VerifyOptions& options) {
   if (options.json) {
     nlohmann::ordered_json jf = nlohmann::ordered_json::array();
     for (const Failure& f : failures) {
-      jf.push_back({{"tensor", std::string(impl.at(f.tensor)->name()->string_view())},
+      jf.push_back({{"tensor", std::string(blocks.Name(f.tensor))},
                     {"block", f.block},
                     {"message", f.message}});
     }
@@ -137,11 +126,13 @@ int RunVerify(const VerifyOptions& options) {
   } else {
     for (const Failure& f : failures) std::printf("FAILED %s\n", Printable(f.message).c_str());
     if (failures.empty()) {
-      std::printf(
-          "%s: OK: footer and %zu tensors (%zu blocks, %s) match their XXH3-64 "
-          "checksums (%.2f s, %s)\n",
-          reader.path().c_str(), reader.num_tensors(), items.size(), HumanBytes(raw_total).c_str(),
-          secs, Rate(raw_total, secs).c_str());
+      if (!g_quiet) {
+        std::printf(
+            "%s: OK: footer and %zu tensors (%zu blocks, %s) match their XXH3-64 "
+            "checksums (%.2f s, %s)\n",
+            reader.path().c_str(), reader.num_tensors(), items.size(),
+            HumanBytes(raw_total).c_str(), secs, Rate(raw_total, secs).c_str());
+      }
     } else {
       std::printf("%s: FAILED: %zu of %zu blocks in %zu of %zu tensors do not match\n",
                   reader.path().c_str(), failures.size(), items.size(), bad_tensors,
