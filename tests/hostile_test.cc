@@ -93,9 +93,9 @@ TEST(StrictJson, OrderedJsonIsDepthAndWidthBounded) {
 // ---- item 6: a header of many entries parses in linear time ------------------------------
 
 TEST(HostileSafetensors, HeaderOfManyEntriesOpens) {
-  // 300,000 entries: minutes with a parse quadratic in the entry count (80,000 took 209 s);
-  // about a second when linear. The test's time limit (CMakeLists) is the guard.
-  constexpr size_t kEntries = 300000;
+  // 150,000 entries: over ten minutes with a parse quadratic in the entry count (80,000 took
+  // 209 s); seconds when linear. The test's time limit (CMakeLists) is the guard.
+  constexpr size_t kEntries = 150000;
   std::string header = "{";
   for (size_t i = 0; i < kEntries; ++i) {
     char buf[96];
@@ -112,7 +112,7 @@ TEST(HostileSafetensors, HeaderOfManyEntriesOpens) {
   auto r = Reader::Open(path);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ((*r)->num_tensors(), kEntries);
-  EXPECT_EQ((*r)->tensor(kEntries - 1).name, "t0299999");
+  EXPECT_EQ((*r)->tensor(kEntries - 1).name, "t0149999");
 }
 
 // ---- item 10: whitespace before the header, tiny files -------------------------------------
@@ -203,6 +203,9 @@ uint64_t Rss() {
 }
 
 TEST(DecodeMemory, ReadingOneRowOfHugeBlocksLeavesNoScratchBehind) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer's allocator keeps freed memory resident (quarantine)";
+#endif
   TempDir dir;
   std::string path = dir.File("big.ferry");
   constexpr uint64_t kBlock = uint64_t{64} << 20;

@@ -46,41 +46,16 @@ void Describe(Source* s) {
     s->scaling = r.scaling_states();
     return;
   }
-  std::vector<std::pair<std::string, std::string>> rest;
-  for (auto& [key, value] : s->metadata) {
-    bool quantized = key == kQuantizedKey;
-    if (!quantized && key != kScalingKey) {
-      rest.emplace_back(std::move(key), std::move(value));
-      continue;
-    }
-    // A description that does not parse stays ordinary metadata, with a warning: the
-    // tensors still convert.
-    Json list;
-    Status st = ParseFp8Json(value, &list);
-    std::vector<QuantizedTensor> qs;
-    std::vector<ScalingState> ss;
-    if (st.ok() && !list.is_array()) st = Status(StatusCode::kInvalidArgument, "not a JSON array");
-    for (size_t i = 0; st.ok() && i < list.size(); ++i) {
-      if (quantized) {
-        auto q = QuantizedFromJson(list[i]);
-        if (q.ok()) qs.push_back(std::move(*q));
-        st = q.status();
-      } else {
-        auto sc = ScalingFromJson(list[i]);
-        if (sc.ok()) ss.push_back(std::move(*sc));
-        st = sc.status();
-      }
-    }
-    if (!st.ok()) {
-      std::fprintf(stderr, "ferry: warning: %s: metadata %s is kept as plain metadata: %s\n",
-                   s->path.c_str(), Quote(key).c_str(), Printable(st.message()).c_str());
-      rest.emplace_back(std::move(key), std::move(value));
-      continue;
-    }
-    for (auto& q : qs) s->quantized.push_back(std::move(q));
-    for (auto& sc : ss) s->scaling.push_back(std::move(sc));
+  Fp8Metadata described = DescribeFp8Metadata(std::move(s->metadata));
+  // A description that does not parse stays ordinary metadata, with a warning: the tensors
+  // still convert.
+  for (const auto& [key, why] : described.kept) {
+    std::fprintf(stderr, "ferry: warning: %s: metadata %s is kept as plain metadata: %s\n",
+                 s->path.c_str(), Quote(key).c_str(), Printable(why).c_str());
   }
-  s->metadata = std::move(rest);
+  s->quantized = std::move(described.quantized);
+  s->scaling = std::move(described.scaling);
+  s->metadata = std::move(described.metadata);
 }
 
 // One tensor to copy: source index and tensor index within it.

@@ -204,7 +204,7 @@ def test_malformed_sharded_index_names_the_file(tmp_path, text):
     import tensorferry.distributed as tfd
 
     p = sharded(tmp_path, text)
-    with pytest.raises(tf.DataLossError, match=r"model\.ferry\.index\.json: bad checkpoint index"):
+    with pytest.raises(tf.DataLossError, match=r"model\.ferry\.index\.json"):
         tfd.open_checkpoint(p)
 
 
