@@ -880,27 +880,34 @@ int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t
   });
 }
 
+// Argument checks shared by the functions that add one tensor to a writer.
+static int CheckAddArgs(const ferry_writer_t* writer, const char* name, int32_t dtype,
+                        const int64_t* shape, int32_t ndim, int32_t encoding, const char* function,
+                        ferry_error_t* error) {
+  if (writer->spent) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer.path(), ": writer already committed"));
+  }
+  if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                              ": bad shape (ndim ", ndim, ")"));
+  }
+  if (!ValidDType(dtype)) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                              ": unknown dtype ", dtype));
+  }
+  return CheckEncoding(encoding, function, error);
+}
+
 int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, int32_t dtype,
                             const int64_t* shape, int32_t ndim, const void* data, uint64_t nbytes,
                             int32_t encoding, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
     FERRY_C_REQUIRE(name);
-    if (writer->spent) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
-    }
-    if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": bad shape (ndim ", ndim, ")"));
-    }
-    if (!ValidDType(dtype)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": unknown dtype ", dtype));
-    }
-    int rc = CheckEncoding(encoding, fn, error);
+    int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
     if (rc != FERRY_OK) return rc;
     std::vector<int64_t> dims(shape, shape + ndim);
     auto dt = static_cast<ferry::DType>(dtype);
@@ -919,21 +926,7 @@ int ferry_writer_add_device_tensor_async(ferry_writer_t* writer, const char* nam
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
     FERRY_C_REQUIRE(name);
-    if (writer->spent) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
-    }
-    if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": bad shape (ndim ", ndim, ")"));
-    }
-    if (!ValidDType(dtype)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": unknown dtype ", dtype));
-    }
-    int rc = CheckEncoding(encoding, fn, error);
+    int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
     if (rc != FERRY_OK) return rc;
     std::vector<int64_t> dims(shape, shape + ndim);
     auto dt = static_cast<ferry::DType>(dtype);
