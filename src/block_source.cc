@@ -13,7 +13,6 @@
 
 namespace ferry {
 
-
 BlockSource::BlockSource(std::string path, std::shared_ptr<const Mapping> mapping, Index index)
     : path_(std::move(path)), mapping_(std::move(mapping)), index_(std::move(index)) {}
 
@@ -194,8 +193,8 @@ Status BlockSource::VerifyTensor(size_t i) const {
   return Status::Ok();
 }
 
-Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo,
-                                uint64_t hi, uint8_t* dst, bool verify) const {
+Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo, uint64_t hi,
+                                uint8_t* dst, bool verify) const {
   const fb::Tensor* t = at(i);
   const StoredBlock s = Block(i, b);
   const size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
@@ -237,9 +236,9 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
   uint8_t* buf = *got;
   FERRY_RETURN_IF_ERROR(decode(buf));
   if (verify && has_checksums()) {
-    FERRY_RETURN_IF_ERROR(CompareSum(i, b,
-                                     shuffled ? UnshuffledChecksum64(buf, s.raw_size, width)
-                                              : Checksum64(buf, s.raw_size)));
+    FERRY_RETURN_IF_ERROR(CompareSum(
+        i, b,
+        shuffled ? UnshuffledChecksum64(buf, s.raw_size, width) : Checksum64(buf, s.raw_size)));
   }
   if (hi > lo) {
     if (shuffled) {

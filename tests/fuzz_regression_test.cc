@@ -29,10 +29,10 @@ struct Target {
 };
 
 const Target kTargets[] = {
-    {"footer", fuzz::FuzzFooter},     {"load", fuzz::FuzzLoad},
-    {"chunk", fuzz::FuzzChunk},       {"safetensors", fuzz::FuzzSafetensors},
-    {"unpickle", fuzz::FuzzUnpickle}, {"index", fuzz::FuzzIndex},
-    {"fp8_json", fuzz::FuzzFp8Json},  {"describe", fuzz::FuzzDescribe},
+    {"footer", fuzz::FuzzFooter},      {"load", fuzz::FuzzLoad},
+    {"chunk", fuzz::FuzzChunk},        {"safetensors", fuzz::FuzzSafetensors},
+    {"unpickle", fuzz::FuzzUnpickle},  {"index", fuzz::FuzzIndex},
+    {"fp8_json", fuzz::FuzzFp8Json},   {"describe", fuzz::FuzzDescribe},
     {"c_strings", fuzz::FuzzCStrings},
 };
 

@@ -24,8 +24,7 @@ inline void ExpectPrintable(const std::string& text, const char* what) {
   for (size_t k = 0; k < text.size(); ++k) {
     unsigned char c = static_cast<unsigned char>(text[k]);
     Expect(c >= 0x20 && c != 0x7f, what, Quote(text));
-    Expect(!(c == 0xc2 && k + 1 < text.size() &&
-             static_cast<unsigned char>(text[k + 1]) >= 0x80 &&
+    Expect(!(c == 0xc2 && k + 1 < text.size() && static_cast<unsigned char>(text[k + 1]) >= 0x80 &&
              static_cast<unsigned char>(text[k + 1]) <= 0x9f),
            what, Quote(text));
   }
@@ -65,8 +64,7 @@ inline void RoundTripDescriptions(const std::vector<QuantizedTensor>& quantized,
     cli::Json j = cli::QuantizedJson(q);
     auto again = cli::QuantizedFromJson(j);
     Expect(again.ok(), "QuantizedJson output does not parse back", again.status().ToString());
-    Expect(cli::QuantizedJson(*again).dump() == j.dump(), "quantized round trip differs",
-           j.dump());
+    Expect(cli::QuantizedJson(*again).dump() == j.dump(), "quantized round trip differs", j.dump());
     ExpectPrintable(cli::Printable(q.name), "Printable of a quantized name");
   }
   for (const ScalingState& s : scaling) {
@@ -174,8 +172,8 @@ inline Status FuzzCStrings(const uint8_t* data, size_t size) {
   if (clean(ferry_writer_create(path.c_str(), &wo, &w, &err))) {
     int64_t shape[1] = {1};
     uint8_t byte = 0x5a;
-    added = clean(ferry_writer_add_tensor(w, name.c_str(), FERRY_DTYPE_U8, shape, 1, &byte, 1,
-                                          -1, &err));
+    added = clean(
+        ferry_writer_add_tensor(w, name.c_str(), FERRY_DTYPE_U8, shape, 1, &byte, 1, -1, &err));
     keyed = clean(ferry_writer_set_metadata(w, key.c_str(), value.c_str(), &err));
     ferry_recipe_t recipe;
     ferry_recipe_init(&recipe, FERRY_RECIPE_NONE);
