@@ -13,17 +13,6 @@
 
 namespace ferry {
 
-namespace {
-
-// Per-thread buffers: loader workers read piece after piece, and a fresh 4 MiB vector each
-// time would cost page faults on every call.
-uint8_t* ThreadBuffer(std::vector<uint8_t>& buf, uint64_t bytes) {
-  if (buf.size() < bytes) buf.resize(bytes);
-  return buf.data();
-}
-
-}  // namespace
-
 BlockSource::BlockSource(std::string path, std::shared_ptr<const Mapping> mapping, Index index)
     : path_(std::move(path)), mapping_(std::move(mapping)), index_(std::move(index)) {}
 
@@ -157,13 +146,18 @@ Status BlockSource::Shrank(size_t i, uint64_t file_offset) const {
 
 Status BlockSource::CheckSum(size_t i, uint64_t b, const uint8_t* raw) const {
   if (!has_checksums()) return Status::Ok();
-  const fb::Tensor* t = at(i);
   const StoredBlock s = Block(i, b);
-  uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
   uint64_t sum = 0;
   if (!mapping_->Guard([&] { sum = Checksum64(raw, s.raw_size); })) {
     return Shrank(i, s.file_offset);
   }
+  return CompareSum(i, b, sum);
+}
+
+Status BlockSource::CompareSum(size_t i, uint64_t b, uint64_t sum) const {
+  if (!has_checksums()) return Status::Ok();
+  const StoredBlock s = Block(i, b);
+  uint64_t expect = at(i)->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
   if (sum != expect) {
     return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b,
                  " (raw bytes [", s.raw_offset, ", ", s.raw_offset + s.raw_size,
@@ -191,8 +185,7 @@ Status BlockSource::VerifyBlock(size_t i, uint64_t b) const {
   if (at(i)->encoding() == fb::Encoding::RAW) {
     return CheckSum(i, b, mapping_->data() + s.file_offset);
   }
-  thread_local std::vector<uint8_t> block;
-  return Decode(i, b, mapping_->data() + s.file_offset, ThreadBuffer(block, s.raw_size), true);
+  return DecodeRange(i, b, mapping_->data() + s.file_offset, 0, 0, nullptr, true);
 }
 
 Status BlockSource::VerifyTensor(size_t i) const {
@@ -200,32 +193,60 @@ Status BlockSource::VerifyTensor(size_t i) const {
   return Status::Ok();
 }
 
-Status BlockSource::Decode(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst,
-                           bool verify) const {
+Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo, uint64_t hi,
+                                uint8_t* dst, bool verify) const {
   const fb::Tensor* t = at(i);
   const StoredBlock s = Block(i, b);
-  size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
-  thread_local std::vector<uint8_t> scratch;
-  uint8_t* out = t->encoding() == fb::Encoding::SHUFFLE_ZSTD && width > 1
-                     ? ThreadBuffer(scratch, s.raw_size)
-                     : dst;
-  // `src` is in the mapping, or in a buffer a direct read filled (the guard is then idle).
-  if (!s.compressed) {
-    if (!mapping_->Guard([&] { std::memcpy(out, src, s.raw_size); })) {
-      return Shrank(i, s.file_offset);
-    }
-  } else {
+  const size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
+  const bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD && width > 1;
+  auto decode = [&](uint8_t* out) -> Status {
+    // `src` is in the mapping, or in a buffer a direct read filled (the guard is then idle).
     Status st;
-    if (!mapping_->Guard([&] { st = ZstdDecompressExact(src, s.stored_size, out, s.raw_size); })) {
-      return Shrank(i, s.file_offset);
-    }
+    bool read = mapping_->Guard([&] {
+      if (!s.compressed) {
+        std::memcpy(out, src, s.raw_size);
+      } else {
+        st = ZstdDecompressExact(src, s.stored_size, out, s.raw_size);
+      }
+    });
+    if (!read) return Shrank(i, s.file_offset);
     if (!st.ok()) {
       return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
                    s.file_offset, ": ", st.message());
     }
+    return Status::Ok();
+  };
+  if (lo == 0 && hi == s.raw_size && !shuffled) {  // straight into the destination
+    FERRY_RETURN_IF_ERROR(decode(dst));
+    return verify ? CheckSum(i, b, dst) : Status::Ok();
   }
-  if (out != dst) Unshuffle(out, dst, s.raw_size, width);
-  if (verify) return CheckSum(i, b, dst);
+  // One block-sized buffer holding the block as stored (still shuffled): the bytes wanted are
+  // picked out of it and its checksum computed from it, without a second one. Scratch over
+  // kRetainedScratchBytes is leased from the process-wide budget and released after the block.
+  thread_local DecodeScratch scratch;
+  struct Release {
+    DecodeScratch& scratch;
+    ~Release() { scratch.Release(); }
+  } release{scratch};
+  auto got = scratch.Get(s.raw_size);
+  if (!got.ok()) {
+    return Error(got.status().code(), Where(i), ": decoding block ", b, ": ",
+                 got.status().message());
+  }
+  uint8_t* buf = *got;
+  FERRY_RETURN_IF_ERROR(decode(buf));
+  if (verify && has_checksums()) {
+    FERRY_RETURN_IF_ERROR(CompareSum(
+        i, b,
+        shuffled ? UnshuffledChecksum64(buf, s.raw_size, width) : Checksum64(buf, s.raw_size)));
+  }
+  if (hi > lo) {
+    if (shuffled) {
+      UnshuffleRange(buf, s.raw_size, width, lo, hi, dst);
+    } else {
+      std::memcpy(dst, buf + lo, hi - lo);
+    }
+  }
   return Status::Ok();
 }
 
@@ -261,7 +282,6 @@ Status BlockSource::Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
   }
   if (len == 0) return Status::Ok();
   if (t->encoding() == fb::Encoding::RAW) return ReadRaw(i, begin, len, dst, how);
-  thread_local std::vector<uint8_t> block;
   const uint64_t bs = t->block_size();
   for (uint64_t b = begin / bs; b * bs < end; ++b) {
     const StoredBlock s = Block(i, b);
@@ -270,13 +290,8 @@ Status BlockSource::Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
       FERRY_ASSIGN_OR_RETURN(src, how.direct->ReadThrough(s.file_offset, s.stored_size));
     }
     uint64_t lo = std::max(begin, s.raw_offset), hi = std::min(end, s.raw_offset + s.raw_size);
-    if (lo == s.raw_offset && hi == s.raw_offset + s.raw_size) {
-      FERRY_RETURN_IF_ERROR(Decode(i, b, src, dst + (s.raw_offset - begin), how.verify));
-    } else {
-      uint8_t* whole = ThreadBuffer(block, s.raw_size);
-      FERRY_RETURN_IF_ERROR(Decode(i, b, src, whole, how.verify));
-      std::memcpy(dst + (lo - begin), whole + (lo - s.raw_offset), hi - lo);
-    }
+    FERRY_RETURN_IF_ERROR(DecodeRange(i, b, src, lo - s.raw_offset, hi - s.raw_offset,
+                                      dst + (lo - begin), how.verify));
   }
   return Status::Ok();
 }

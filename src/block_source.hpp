@@ -103,7 +103,8 @@ class BlockSource {
   StoredBlock Block(size_t i, uint64_t b) const;
 
   // Copies raw bytes [begin, begin + len) of tensor i into dst, decoding stored blocks as
-  // needed. Blocks cut by the range are decoded whole into a per-thread buffer.
+  // needed. Blocks cut by the range are decoded into per-thread scratch (docs/SECURITY.md,
+  // "Memory for decoding").
   Status Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
   // Checks every block of raw tensor i that overlaps raw bytes [begin, begin + len). Blocks
   // lying wholly inside the range are checked in `copy` (those bytes, at copy[0] = byte
@@ -117,8 +118,14 @@ class BlockSource {
  private:
   uint64_t BlockRawSize(size_t i, uint64_t b) const;
   Status CheckSum(size_t i, uint64_t b, const uint8_t* raw) const;
-  // Decodes encoded block b, whose stored bytes are at `src`, into dst (BlockRawSize bytes).
-  Status Decode(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst, bool verify) const;
+  // DataLoss unless `sum` is block b's recorded checksum.
+  Status CompareSum(size_t i, uint64_t b, uint64_t sum) const;
+  // Decodes encoded block b, whose stored bytes are at `src`, and copies its raw bytes
+  // [lo, hi) (block-relative) to dst, verifying the whole block when asked. Needs at most one
+  // block of scratch (DecodeScratch; none for a whole unshuffled block), whatever the range;
+  // lo == hi with verify checks the block alone.
+  Status DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo, uint64_t hi,
+                     uint8_t* dst, bool verify) const;
   Status ReadRaw(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
   // DataLoss for a read of tensor i at `file_offset` that faulted (Mapping::Guard).
   Status Shrank(size_t i, uint64_t file_offset) const;

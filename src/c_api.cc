@@ -883,27 +883,34 @@ int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t
   });
 }
 
+// Argument checks shared by the functions that add one tensor to a writer.
+static int CheckAddArgs(const ferry_writer_t* writer, const char* name, int32_t dtype,
+                        const int64_t* shape, int32_t ndim, int32_t encoding, const char* function,
+                        ferry_error_t* error) {
+  if (writer->spent) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer.path(), ": writer already committed"));
+  }
+  if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                              ": bad shape (ndim ", ndim, ")"));
+  }
+  if (!ValidDType(dtype)) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                              ": unknown dtype ", dtype));
+  }
+  return CheckEncoding(encoding, function, error);
+}
+
 int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, int32_t dtype,
                             const int64_t* shape, int32_t ndim, const void* data, uint64_t nbytes,
                             int32_t encoding, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
     FERRY_C_REQUIRE(name);
-    if (writer->spent) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
-    }
-    if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": bad shape (ndim ", ndim, ")"));
-    }
-    if (!ValidDType(dtype)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": unknown dtype ", dtype));
-    }
-    int rc = CheckEncoding(encoding, fn, error);
+    int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
     if (rc != FERRY_OK) return rc;
     std::vector<int64_t> dims(shape, shape + ndim);
     auto dt = static_cast<ferry::DType>(dtype);
@@ -922,21 +929,7 @@ int ferry_writer_add_device_tensor_async(ferry_writer_t* writer, const char* nam
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
     FERRY_C_REQUIRE(name);
-    if (writer->spent) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
-    }
-    if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": bad shape (ndim ", ndim, ")"));
-    }
-    if (!ValidDType(dtype)) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
-                                ": unknown dtype ", dtype));
-    }
-    int rc = CheckEncoding(encoding, fn, error);
+    int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
     if (rc != FERRY_OK) return rc;
     std::vector<int64_t> dims(shape, shape + ndim);
     auto dt = static_cast<ferry::DType>(dtype);
@@ -1326,6 +1319,16 @@ int ferry_reader_metadata_at(const ferry_reader_t* reader, size_t index, const c
   });
 }
 
+int ferry_reader_metadata_entry(const ferry_reader_t* reader, size_t index, const char** key,
+                                size_t* key_size, const char** value, size_t* value_size,
+                                ferry_error_t* error) {
+  int rc = ferry_reader_metadata_at(reader, index, key, value, error);
+  if (rc != FERRY_OK) return rc;
+  if (key_size != nullptr) *key_size = reader->metadata[index].first.size();
+  if (value_size != nullptr) *value_size = reader->metadata[index].second.size();
+  return FERRY_OK;
+}
+
 int ferry_reader_metadata_get(const ferry_reader_t* reader, const char* key, const char** value,
                               ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
@@ -1413,6 +1416,8 @@ int ferry_reader_read_into(const ferry_reader_t* reader, const char* name, void*
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(name);
+    // A NULL destination must not reach the copy (dst_size alone cannot tell).
+    if (dst == nullptr && dst_size > 0) return NullArg(error, fn, "dst");
     return Report(reader->reader->ReadInto(name, dst, dst_size, ReadFlags(flags)), error);
   });
 }
@@ -1423,6 +1428,8 @@ int ferry_reader_read_rows_into(const ferry_reader_t* reader, const char* name, 
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(name);
+    // A NULL destination must not reach the copy (dst_size alone cannot tell).
+    if (dst == nullptr && dst_size > 0) return NullArg(error, fn, "dst");
     return Report(
         reader->reader->ReadRowsInto(name, row_begin, row_end, dst, dst_size, ReadFlags(flags)),
         error);

@@ -2,7 +2,11 @@
 
 #include <zstd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <new>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -163,6 +167,78 @@ void Shuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
 
 void Unshuffle(const uint8_t* src, uint8_t* dst, size_t n, size_t itemsize) {
   Transpose<Unshuffle2, Unshuffle4, UnshuffleScalar>(src, dst, n, itemsize);
+}
+
+void UnshuffleRange(const uint8_t* src, size_t n, size_t itemsize, size_t begin, size_t end,
+                    uint8_t* dst) {
+  if (itemsize <= 1) {
+    std::memcpy(dst, src + begin, end - begin);
+    return;
+  }
+  const size_t count = n / itemsize, whole = count * itemsize;
+  size_t r = begin;
+  for (; r < end && r < whole; ++r) dst[r - begin] = src[(r % itemsize) * count + r / itemsize];
+  // The trailing partial element is stored as is, after the planes.
+  if (r < end) std::memcpy(dst + (r - begin), src + r, end - r);
+}
+
+uint64_t UnshuffledChecksum64(const uint8_t* src, size_t n, size_t itemsize) {
+  if (itemsize <= 1) return Checksum64(src, n);
+  StreamingChecksum sum;
+  uint8_t piece[16384];
+  for (size_t r = 0; r < n; r += sizeof(piece)) {
+    size_t len = std::min(sizeof(piece), n - r);
+    UnshuffleRange(src, n, itemsize, r, r + len, piece);
+    sum.Update(piece, len);
+  }
+  return sum.Digest();
+}
+
+namespace {
+struct ScratchBudget {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t used = 0;
+};
+ScratchBudget& Budget() {
+  static ScratchBudget* budget = new ScratchBudget();  // never destroyed: threads outlive main
+  return *budget;
+}
+}  // namespace
+
+Result<uint8_t*> DecodeScratch::Get(uint64_t n) {
+  if (n <= capacity_) return data_.get();
+  Release();
+  data_.reset();
+  capacity_ = 0;
+  if (n > kRetainedScratchBytes) {
+    ScratchBudget& b = Budget();
+    std::unique_lock<std::mutex> lock(b.mu);
+    // Alone, any block may go (n <= kMaxBlockSize); otherwise wait for room.
+    b.cv.wait(lock, [&] { return b.used == 0 || b.used + n <= kDecodeScratchBudget; });
+    b.used += n;
+    leased_ = n;
+  }
+  data_.reset(new (std::nothrow) uint8_t[n]);
+  if (!data_) {
+    Release();
+    return Error(StatusCode::kResourceExhausted, "cannot allocate ", n, " bytes of decode scratch");
+  }
+  capacity_ = n;
+  return data_.get();
+}
+
+void DecodeScratch::Release() {
+  if (leased_ == 0) return;
+  data_.reset();
+  capacity_ = 0;
+  ScratchBudget& b = Budget();
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    b.used -= leased_;
+  }
+  leased_ = 0;
+  b.cv.notify_all();
 }
 
 void StreamingCopy(void* dst, const void* src, size_t n) {

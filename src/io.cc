@@ -61,10 +61,21 @@ File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Status CheckPath(const std::string& path) {
+  // The system calls take NUL-terminated strings: "a\0.bak" would name "a".
+  if (path.find('\0') != std::string::npos) {
+    return Error(StatusCode::kInvalidArgument, Quote(path), ": path contains a NUL byte");
+  }
+  return Status::Ok();
+}
+
 Result<File> File::OpenRead(const std::string& path) {
+  FERRY_RETURN_IF_ERROR(CheckPath(path));
   int fd;
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. It is
+  // cleared again once the file is known to be regular.
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoStatus(errno, path, "open");
   struct stat st;
@@ -77,10 +88,17 @@ Result<File> File::OpenRead(const std::string& path) {
     ::close(fd);
     return Error(StatusCode::kInvalidArgument, path, ": not a regular file");
   }
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, path, "fcntl");
+  }
   return File(fd, path);
 }
 
 Result<File> File::CreateExclusive(const std::string& path) {
+  FERRY_RETURN_IF_ERROR(CheckPath(path));
   int fd;
   do {
     fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -372,7 +390,44 @@ Status SyncParentDir(const std::string& path) {
   return Status::Ok();
 }
 
+Result<std::string> ReplaceTarget(const std::string& path) {
+  FERRY_RETURN_IF_ERROR(CheckPath(path));
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+  // A link is written through, as open() would: its target is replaced, in the target's own
+  // directory (a rename cannot cross file systems), and the link keeps pointing at it.
+  char* resolved = ::realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) {
+    return Error(StatusCode::kInvalidArgument, path, ": symbolic link does not resolve to a file ",
+                 ErrnoText(errno), "; remove it or point it at a file");
+  }
+  std::string target(resolved);
+  std::free(resolved);
+  return target;
+}
+
+Status KeepPermissions(const File& tmp, const std::string& dest) {
+  struct stat st;
+  if (::stat(dest.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();  // nothing replaced: the creation mode stands
+    return ErrnoStatus(errno, dest, "stat");
+  }
+  // Owner first: chown clears set-id bits, and a file another user owned keeps its owner
+  // where the caller may give it (root; a group the caller is in). Where not, the caller
+  // owns the new file, with the old mode bits.
+  if (st.st_uid != ::geteuid() || st.st_gid != ::getegid()) {
+    if (::fchown(tmp.fd(), st.st_uid, st.st_gid) != 0 &&
+        ::fchown(tmp.fd(), static_cast<uid_t>(-1), st.st_gid) != 0) {
+      // EPERM: not ours to give; the permission bits below still apply.
+    }
+  }
+  // Read/write/execute bits only: set-id and sticky bits make no sense on a checkpoint.
+  if (::fchmod(tmp.fd(), st.st_mode & 0777) != 0) return ErrnoStatus(errno, dest, "fchmod");
+  return Status::Ok();
+}
+
 Status RenameFile(const std::string& from, const std::string& to) {
+  FERRY_RETURN_IF_ERROR(CheckPath(to));
   if (::rename(from.c_str(), to.c_str()) != 0) {
     return ErrnoStatus(errno, to, StrCat("rename from ", from).c_str());
   }

@@ -157,6 +157,15 @@ class PrivateRegion {
 
 // fsync of the directory holding `path`, so a rename inside it is durable.
 Status SyncParentDir(const std::string& path);
+// InvalidArgument when `path` holds a NUL byte (the system would see only the part before it).
+Status CheckPath(const std::string& path);
+// The file an atomic replacement of `path` must rename over: `path`, or the file a symbolic
+// link at `path` resolves to (writing through the link, as open() does). InvalidArgument for
+// a link that resolves to nothing (dangling, a loop).
+Result<std::string> ReplaceTarget(const std::string& path);
+// Gives the temporary file `tmp` the permission bits of the file at `dest`, and its owner and
+// group where the caller may; nothing when `dest` does not exist.
+Status KeepPermissions(const File& tmp, const std::string& dest);
 Status RenameFile(const std::string& from, const std::string& to);
 
 }  // namespace ferry

@@ -441,7 +441,7 @@ Result<std::unique_ptr<Loader>> Loader::Create(LoaderOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->explicit_threads = explicit_threads;
   impl->options = options;
-  impl->pool = std::make_unique<WorkerPool>(options.threads);
+  FERRY_ASSIGN_OR_RETURN(impl->pool, WorkerPool::Create(options.threads));
   return std::unique_ptr<Loader>(new Loader(std::move(impl)));
 }
 

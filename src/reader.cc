@@ -3,6 +3,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -452,7 +453,14 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       return;
     }
     std::vector<std::thread> threads;
-    for (size_t k = 1; k < slices; ++k) threads.emplace_back(fn, k);
+    size_t k = 1;
+    try {
+      threads.reserve(slices);
+      for (; k < slices; ++k) threads.emplace_back(fn, k);
+    } catch (const std::system_error&) {
+      // No thread to be had: the remaining slices run here, slower but the same.
+      for (; k < slices; ++k) fn(k);
+    }
     fn(0);
     for (auto& t : threads) t.join();
   };

@@ -221,8 +221,12 @@ class HeaderParser {
 }  // namespace
 
 bool LooksLikeSafetensors(const uint8_t* file, uint64_t file_size) {
-  return file_size >= 9 && file[8] == '{' &&
-         std::memcmp(file, format::kMagic, format::kMagicSize) != 0;
+  // Anything without TensorFerry's magic whose first 8 bytes could be a header length: a
+  // broken or tiny safetensors file then gets a safetensors error ("[]" is not an object,
+  // an empty header is not JSON) rather than one about TensorFerry's trailer. The header may
+  // start with whitespace, as the safetensors library allows.
+  return file_size >= 8 && std::memcmp(file, format::kMagic, format::kMagicSize) != 0 &&
+         LoadU64(file) <= file_size - 8;
 }
 
 const char* SafetensorsDTypeName(DType dtype) {
@@ -345,6 +349,7 @@ void SortSafetensorsEntries(std::vector<SafetensorsEntry>* entries) {
 
 struct SafetensorsWriter::State {
   std::string path, tmp_path;
+  std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
   File file;
   bool durable = true;
   bool spent = false;
@@ -427,7 +432,8 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   char suffix[48];
   std::snprintf(suffix, sizeof(suffix), ".tmp.%d.%08x%08x", static_cast<int>(::getpid()), rd(),
                 rd());
-  state->tmp_path = path + suffix;
+  FERRY_ASSIGN_OR_RETURN(state->dest, ReplaceTarget(path));
+  state->tmp_path = state->dest + suffix;
   FERRY_ASSIGN_OR_RETURN(state->file, File::CreateExclusive(state->tmp_path));
   uint64_t len = text.size();
   uint8_t prefix[8];
@@ -470,14 +476,15 @@ Status SafetensorsWriter::Commit() {
   }
   Status st;
   if (s.durable) st = s.file.Sync();
+  if (st.ok()) st = KeepPermissions(s.file, s.dest);
   if (st.ok()) st = s.file.Close();
-  if (st.ok()) st = RenameFile(s.tmp_path, s.path);
+  if (st.ok()) st = RenameFile(s.tmp_path, s.dest);
   if (!st.ok()) {
     s.Abort();
     return st;
   }
   s.spent = true;
-  if (s.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(s.path));
+  if (s.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(s.dest));
   return Status::Ok();
 }
 

@@ -1,11 +1,31 @@
 #include "worker_pool.hpp"
 
+#include <system_error>
+
+#include "util.hpp"
+
 namespace ferry {
 
-WorkerPool::WorkerPool(int threads) {
+Result<std::unique_ptr<WorkerPool>> WorkerPool::Create(int threads) {
   if (threads < 1) threads = 1;
-  threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this, i] { Loop(i); });
+  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  std::string failure;
+  try {
+    pool->threads_.reserve(threads);
+    for (int i = 0; i < threads; ++i) {
+      WorkerPool* p = pool.get();
+      pool->threads_.emplace_back([p, i] { p->Loop(i); });
+    }
+  } catch (const std::system_error& e) {
+    failure = e.what();
+  } catch (const std::bad_alloc&) {
+    failure = "out of memory";
+  }
+  if (failure.empty()) return pool;
+  size_t started = pool->threads_.size();
+  pool.reset();  // stops and joins the workers already started
+  return Error(StatusCode::kResourceExhausted, "cannot start worker thread ", started + 1, " of ",
+               threads, ": ", failure);
 }
 
 WorkerPool::~WorkerPool() {

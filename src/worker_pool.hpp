@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -15,7 +16,10 @@ namespace ferry {
 
 class WorkerPool {
  public:
-  explicit WorkerPool(int threads);
+  // Starts max(1, threads) workers. ResourceExhausted, with none left running, when the system
+  // refuses a thread (EAGAIN from a thread limit, ENOMEM for a stack under an address-space
+  // limit): a request for more threads than the machine gives must not abort the process.
+  static Result<std::unique_ptr<WorkerPool>> Create(int threads);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -27,6 +31,7 @@ class WorkerPool {
   void Run(const std::function<void(int)>& fn);
 
  private:
+  WorkerPool() = default;
   void Loop(int index);
 
   std::mutex mu_;

@@ -285,6 +285,7 @@ class Writer::Impl {
  public:
   std::string path;
   std::string tmp_path;
+  std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
   File file;
   WriterOptions options;
   bool spent = false;  // Commit, CommitAsync or Abort was reached (caller's side)
@@ -1011,15 +1012,16 @@ class Writer::Impl {
     }
     sink.reset();
     if (st.ok() && options.durable) st = file.Sync();
+    if (st.ok()) st = KeepPermissions(file, dest);
     if (st.ok()) st = file.Close();
-    if (st.ok()) st = RenameFile(tmp_path, path);
+    if (st.ok()) st = RenameFile(tmp_path, dest);
     if (!st.ok()) {
       (void)file.Close();
       ::unlink(tmp_path.c_str());
       return st;
     }
     finished = true;
-    if (options.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(path));
+    if (options.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(dest));
     return Status::Ok();
   }
 
@@ -1059,7 +1061,8 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
   impl->path = path;
   impl->options = std::move(options);
   impl->pool = impl->options.staging;
-  impl->tmp_path = TempPath(path);
+  FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
+  impl->tmp_path = TempPath(impl->dest);
   FERRY_ASSIGN_OR_RETURN(impl->file, File::CreateExclusive(impl->tmp_path));
   // Bytes between the magic and the first tensor, and between tensors, are never written:
   // they read as zeros (holes).

@@ -668,9 +668,8 @@ static void test_async_and_shards(void) {
   CHECK(ferry_writer_add_tensor(w, "bf16", FERRY_DTYPE_BF16, shape, 1, copy, sizeof(copy),
                                 FERRY_ENCODING_SHUFFLE_ZSTD, &err) == FERRY_OK);
   memset(copy, 0, sizeof(copy)); /* snapshotted: the file keeps the original */
-  CHECK(ferry_writer_add_tensor(w, "matrix", FERRY_DTYPE_F32, (const int64_t[]){6, 4}, 2,
-                                g_matrix, sizeof(g_matrix), FERRY_ENCODING_DEFAULT,
-                                &err) == FERRY_OK);
+  CHECK(ferry_writer_add_tensor(w, "matrix", FERRY_DTYPE_F32, (const int64_t[]){6, 4}, 2, g_matrix,
+                                sizeof(g_matrix), FERRY_ENCODING_DEFAULT, &err) == FERRY_OK);
   CHECK(ferry_writer_wait_snapshot(w, &err) == FERRY_OK);
   CHECK(ferry_writer_commit_async(w, NULL, &err) == FERRY_INVALID_ARGUMENT);
   CHECK(ferry_writer_commit_async(w, &save, &err) == FERRY_OK);
@@ -696,8 +695,8 @@ static void test_async_and_shards(void) {
   /* Without a GPU (or without CUDA), a device tensor is refused with a clear error. */
   CHECK(ferry_writer_create(path, NULL, &w, &err) == FERRY_OK);
   if (!ferry_cuda_available()) {
-    int rc = ferry_writer_add_device_tensor_async(w, "dev", FERRY_DTYPE_I64, NULL, 0, &s,
-                                                  sizeof(s), FERRY_ENCODING_DEFAULT, NULL, &err);
+    int rc = ferry_writer_add_device_tensor_async(w, "dev", FERRY_DTYPE_I64, NULL, 0, &s, sizeof(s),
+                                                  FERRY_ENCODING_DEFAULT, NULL, &err);
     CHECK(rc == FERRY_UNIMPLEMENTED || rc == FERRY_CUDA_ERROR);
     CHECK(contains(err.message, "'dev'"));
   }
@@ -724,7 +723,6 @@ static void test_async_and_shards(void) {
   remove(b);
   remove(index);
 }
-
 
 /* A sharded index over the test checkpoint; its tensors are found in shard 0. */
 static void test_sharded(const char* ckpt) {

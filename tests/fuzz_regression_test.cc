@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_entries.hpp"
+#include "fuzz/fuzz_hostile_entries.hpp"
 
 namespace ferry {
 namespace {
@@ -28,9 +29,11 @@ struct Target {
 };
 
 const Target kTargets[] = {
-    {"footer", fuzz::FuzzFooter},     {"load", fuzz::FuzzLoad},
-    {"chunk", fuzz::FuzzChunk},       {"safetensors", fuzz::FuzzSafetensors},
-    {"unpickle", fuzz::FuzzUnpickle},
+    {"footer", fuzz::FuzzFooter},      {"load", fuzz::FuzzLoad},
+    {"chunk", fuzz::FuzzChunk},        {"safetensors", fuzz::FuzzSafetensors},
+    {"unpickle", fuzz::FuzzUnpickle},  {"index", fuzz::FuzzIndex},
+    {"fp8_json", fuzz::FuzzFp8Json},   {"describe", fuzz::FuzzDescribe},
+    {"c_strings", fuzz::FuzzCStrings},
 };
 
 std::vector<fs::path> Inputs(const fs::path& dir) {

@@ -19,7 +19,7 @@ fi
 PY="${PYTHON:-python3}"
 # jax (CPU) is a DLPack consumer for the Python tests; torch is not installed here (its PyPI
 # wheel brings gigabytes of CUDA libraries): its tests run on the GPU machines.
-if ! "$PY" -c "import numpy, ml_dtypes, pytest, safetensors, jax" >/dev/null 2>&1; then
-  "$PY" -m pip install -q numpy ml_dtypes pytest safetensors jax \
-    || "$PY" -m pip install -q --break-system-packages numpy ml_dtypes pytest safetensors jax
+if ! "$PY" -c "import numpy, ml_dtypes, pytest, safetensors, jax, hypothesis" >/dev/null 2>&1; then
+  "$PY" -m pip install -q numpy ml_dtypes pytest safetensors jax hypothesis \
+    || "$PY" -m pip install -q --break-system-packages numpy ml_dtypes pytest safetensors jax hypothesis
 fi

@@ -195,10 +195,10 @@ TEST(SaveTest, DirectWritesMatchBufferedWrites) {
   TempDir dir;
   std::vector<Def> defs;
   for (int i = 0; i < 9; ++i) {
-    defs.push_back({"raw." + std::to_string(i), DType::kU8, {(7 << 20) + 4096 * i + i},
-                    Encoding::kRaw});
-    defs.push_back({"z." + std::to_string(i), DType::kBF16, {(1 << 20) + 3 * i},
-                    Encoding::kShuffleZstd});
+    defs.push_back(
+        {"raw." + std::to_string(i), DType::kU8, {(7 << 20) + 4096 * i + i}, Encoding::kRaw});
+    defs.push_back(
+        {"z." + std::to_string(i), DType::kBF16, {(1 << 20) + 3 * i}, Encoding::kShuffleZstd});
     defs.push_back({"s." + std::to_string(i), DType::kF32, {i}, Encoding::kRaw});
   }
   std::vector<std::vector<uint8_t>> files;

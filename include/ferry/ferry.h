@@ -558,6 +558,11 @@ FERRY_API int ferry_reader_tensor_table(const ferry_reader_t* reader, ferry_tens
 FERRY_API size_t ferry_reader_num_metadata(const ferry_reader_t* reader);
 FERRY_API int ferry_reader_metadata_at(const ferry_reader_t* reader, size_t index, const char** key,
                                        const char** value, ferry_error_t* error);
+/* As ferry_reader_metadata_at, with the strings' lengths in bytes: a value (of a safetensors
+ * file, say) may hold NUL bytes, which a NUL-terminated string would hide. */
+FERRY_API int ferry_reader_metadata_entry(const ferry_reader_t* reader, size_t index,
+                                          const char** key, size_t* key_size, const char** value,
+                                          size_t* value_size, ferry_error_t* error);
 /* FERRY_NOT_FOUND when the key is absent. */
 FERRY_API int ferry_reader_metadata_get(const ferry_reader_t* reader, const char* key,
                                         const char** value, ferry_error_t* error);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -76,6 +77,11 @@ int InterruptSignal();
 
 // Prints "ferry: <code>: <message>" to stderr and returns kExitFailure.
 int Fail(const Status& status);
+
+// Text from a file made safe for a terminal: control bytes (C0, DEL, and C1 code points, which
+// some terminals obey as escape sequences) and bytes that are not UTF-8 become
+// \xNN; valid UTF-8 text stays as it is. Everything `ferry` prints from a file goes through it.
+std::string Printable(std::string_view text);
 
 // "1.50 GiB", "512 B".
 std::string HumanBytes(uint64_t bytes);

@@ -46,8 +46,59 @@ void CatchInterrupts() {
 int InterruptSignal() { return static_cast<int>(g_interrupt); }
 
 int Fail(const Status& status) {
-  std::fprintf(stderr, "ferry: %s\n", status.ToString().c_str());
+  // Messages quote names already; this catches anything else from a file (parser excerpts).
+  std::fprintf(stderr, "ferry: %s\n", Printable(status.ToString()).c_str());
   return kExitFailure;
+}
+
+std::string Printable(std::string_view text) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    unsigned char c = s[i];
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) {
+        escape(c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // The length of a well-formed UTF-8 sequence starting here (RFC 3629), else 0.
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2, cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3, cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4, cp = c & 0x07;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (s[i + k] & 0xc0) == 0x80;
+      cp = (cp << 6) | (s[i + k] & 0x3f);
+    }
+    ok = ok && !(len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) &&
+         !(len == 4 && (cp < 0x10000 || cp > 0x10ffff)) && !(cp >= 0x80 && cp <= 0x9f);
+    if (!ok) {
+      escape(c);
+      ++i;
+      continue;
+    }
+    out.append(text.data() + i, len);
+    i += len;
+  }
+  return out;
 }
 
 std::string HumanBytes(uint64_t bytes) {

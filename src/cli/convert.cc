@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "block_source.hpp"
 #include "cli.hpp"
@@ -45,41 +46,16 @@ void Describe(Source* s) {
     s->scaling = r.scaling_states();
     return;
   }
-  std::vector<std::pair<std::string, std::string>> rest;
-  for (auto& [key, value] : s->metadata) {
-    bool quantized = key == kQuantizedKey;
-    if (!quantized && key != kScalingKey) {
-      rest.emplace_back(std::move(key), std::move(value));
-      continue;
-    }
-    // A description that does not parse stays ordinary metadata, with a warning: the
-    // tensors still convert.
-    Json list = Json::parse(value, nullptr, false);
-    std::vector<QuantizedTensor> qs;
-    std::vector<ScalingState> ss;
-    Status st =
-        list.is_array() ? Status::Ok() : Status(StatusCode::kInvalidArgument, "not a JSON array");
-    for (size_t i = 0; st.ok() && i < list.size(); ++i) {
-      if (quantized) {
-        auto q = QuantizedFromJson(list[i]);
-        if (q.ok()) qs.push_back(std::move(*q));
-        st = q.status();
-      } else {
-        auto sc = ScalingFromJson(list[i]);
-        if (sc.ok()) ss.push_back(std::move(*sc));
-        st = sc.status();
-      }
-    }
-    if (!st.ok()) {
-      std::fprintf(stderr, "ferry: warning: %s: metadata %s is kept as plain metadata: %s\n",
-                   s->path.c_str(), Quote(key).c_str(), st.message().c_str());
-      rest.emplace_back(std::move(key), std::move(value));
-      continue;
-    }
-    for (auto& q : qs) s->quantized.push_back(std::move(q));
-    for (auto& sc : ss) s->scaling.push_back(std::move(sc));
+  Fp8Metadata described = DescribeFp8Metadata(std::move(s->metadata));
+  // A description that does not parse stays ordinary metadata, with a warning: the tensors
+  // still convert.
+  for (const auto& [key, why] : described.kept) {
+    std::fprintf(stderr, "ferry: warning: %s: metadata %s is kept as plain metadata: %s\n",
+                 s->path.c_str(), Quote(key).c_str(), Printable(why).c_str());
   }
-  s->metadata = std::move(rest);
+  s->quantized = std::move(described.quantized);
+  s->scaling = std::move(described.scaling);
+  s->metadata = std::move(described.metadata);
 }
 
 // One tensor to copy: source index and tensor index within it.
@@ -210,12 +186,36 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
     FERRY_RETURN_IF_ERROR(
         writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, wo.encoding));
   }
+  // A description the writer refuses came from the input: the error says so, and names it.
+  auto blame = [&](const Source& s, const char* key, const Status& st) {
+    std::string message = st.message();
+    if (message.rfind(out + ": ", 0) == 0) message.erase(0, out.size() + 2);
+    return Error(st.code(), s.path, ": ",
+                 BlocksOf(*s.reader).safetensors() ? StrCat("metadata ", Quote(key), ": ") : "",
+                 message);
+  };
+  std::set<std::string> names;
+  for (const Item& it : items) names.insert(sources[it.source].reader->tensor(it.tensor).name);
   for (const Source& s : sources) {
     for (const QuantizedTensor& q : s.quantized) {
-      FERRY_RETURN_IF_ERROR(writer.AddQuantized(q));
+      // The writer would check these references only at commit, naming the output.
+      for (const auto* c : {&q.rowwise, &q.columnwise}) {
+        for (const std::string* ref : {*c ? &(*c)->data : nullptr, *c ? &(*c)->scale_inv : nullptr,
+                                       *c ? &(*c)->amax : nullptr}) {
+          if (ref != nullptr && (!ref->empty() || ref == &(*c)->data) && !names.count(*ref)) {
+            return blame(s, kQuantizedKey,
+                         Status(StatusCode::kInvalidArgument,
+                                StrCat("quantized tensor ", Quote(q.name), " refers to tensor ",
+                                       Quote(*ref), ", which the input does not hold")));
+          }
+        }
+      }
+      Status st = writer.AddQuantized(q);
+      if (!st.ok()) return blame(s, kQuantizedKey, st);
     }
-    for (const ScalingState& st : s.scaling) {
-      FERRY_RETURN_IF_ERROR(writer.AddScalingState(st));
+    for (const ScalingState& sc : s.scaling) {
+      Status st = writer.AddScalingState(sc);
+      if (!st.ok()) return blame(s, kScalingKey, st);
     }
   }
   for (const auto& [k, v] : MergeMetadata(sources)) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "strict_json.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
@@ -300,6 +301,53 @@ Json ScalingJson(const ScalingState& s) {
   }
   e["states"] = std::move(states);
   return e;
+}
+
+Status ParseFp8Json(const std::string& text, Json* out) {
+  StrictJsonOptions options;
+  // list > scaling state > states > direction state > slot roles: 5; a little room.
+  options.max_depth = 8;
+  options.max_keys = 64;
+  options.too_deep = "nests deeper than an FP8 description can";
+  if (auto error = ParseStrictJson(text.data(), text.data() + text.size(), options, out)) {
+    return Status(StatusCode::kInvalidArgument, *error);
+  }
+  return Status::Ok();
+}
+
+Fp8Metadata DescribeFp8Metadata(std::vector<std::pair<std::string, std::string>> metadata) {
+  Fp8Metadata out;
+  for (auto& [key, value] : metadata) {
+    bool quantized = key == kQuantizedKey;
+    if (!quantized && key != kScalingKey) {
+      out.metadata.emplace_back(std::move(key), std::move(value));
+      continue;
+    }
+    Json list;
+    Status st = ParseFp8Json(value, &list);
+    std::vector<QuantizedTensor> qs;
+    std::vector<ScalingState> ss;
+    if (st.ok() && !list.is_array()) st = Status(StatusCode::kInvalidArgument, "not a JSON array");
+    for (size_t i = 0; st.ok() && i < list.size(); ++i) {
+      if (quantized) {
+        auto q = QuantizedFromJson(list[i]);
+        if (q.ok()) qs.push_back(std::move(*q));
+        st = q.status();
+      } else {
+        auto sc = ScalingFromJson(list[i]);
+        if (sc.ok()) ss.push_back(std::move(*sc));
+        st = sc.status();
+      }
+    }
+    if (!st.ok()) {
+      out.kept.emplace_back(key, st.message());
+      out.metadata.emplace_back(std::move(key), std::move(value));
+      continue;
+    }
+    for (auto& q : qs) out.quantized.push_back(std::move(q));
+    for (auto& sc : ss) out.scaling.push_back(std::move(sc));
+  }
+  return out;
 }
 
 Result<QuantizedTensor> QuantizedFromJson(const Json& j) {

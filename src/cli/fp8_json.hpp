@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -32,6 +33,23 @@ Json QuantizedJson(const QuantizedTensor& q);
 // Floats are exact (a float survives the trip through double); NaN and infinities, which JSON
 // lacks, are the strings "nan", "inf" and "-inf".
 Json ScalingJson(const ScalingState& s);
+
+// Parses the text of a kQuantizedKey / kScalingKey metadata value strictly: nesting at most
+// as deep as ScalingJson writes (so nothing that walks it recursively can overflow the
+// stack), objects at most as wide, no duplicate keys. InvalidArgument saying why otherwise.
+Status ParseFp8Json(const std::string& text, Json* out);
+
+// A safetensors file's metadata with the FP8 descriptions `ferry convert` put there taken out
+// (DescribeFp8Metadata): what convert and the fuzzers' describe target see.
+struct Fp8Metadata {
+  std::vector<QuantizedTensor> quantized;
+  std::vector<ScalingState> scaling;
+  // Everything else, and the descriptions that did not parse, in their original order.
+  std::vector<std::pair<std::string, std::string>> metadata;
+  // (key, why) of each description kept as plain metadata.
+  std::vector<std::pair<std::string, std::string>> kept;
+};
+Fp8Metadata DescribeFp8Metadata(std::vector<std::pair<std::string, std::string>> metadata);
 
 // Inverses of QuantizedJson and ScalingJson. InvalidArgument, naming the field, for anything
 // they would not have produced.

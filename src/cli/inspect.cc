@@ -23,12 +23,12 @@ std::string Floats(const float* v, size_t n, size_t limit = 8) {
 }
 
 std::string ComponentText(const QuantizedComponent& c) {
-  std::string out = "data " + c.data;
+  std::string out = "data " + Printable(c.data);
   if (!c.scale_inv.empty()) {
-    out += ", scale_inv " + c.scale_inv + " (" +
+    out += ", scale_inv " + Printable(c.scale_inv) + " (" +
            (c.scale_layout == ScaleLayout::kRowMajor ? "row-major" : "swizzled") + ")";
   }
-  if (!c.amax.empty()) out += ", amax " + c.amax;
+  if (!c.amax.empty()) out += ", amax " + Printable(c.amax);
   return out;
 }
 
@@ -100,8 +100,10 @@ int RunInspect(const InspectOptions& options) {
     Json jm = Json::object();
     for (const auto& [k, v] : metadata) jm[k] = v;
     j["metadata"] = std::move(jm);
-    // Names and metadata may hold bytes that are not UTF-8; replace rather than fail.
-    std::string text = j.dump(2, ' ', false, Json::error_handler_t::replace);
+    // Names and metadata may hold bytes that are not UTF-8; replace rather than fail. ASCII
+    // only: every control character and every non-ASCII code point (C1 controls among them)
+    // is a \u escape, so nothing from the file reaches a terminal raw.
+    std::string text = j.dump(2, ' ', true, Json::error_handler_t::replace);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fputc('\n', stdout);
     return kExitOk;
@@ -112,7 +114,7 @@ int RunInspect(const InspectOptions& options) {
     std::printf("format     safetensors\n");
   } else {
     std::printf("format     TensorFerry v%u (producer \"%s\")\n", reader.format_version(),
-                reader.producer().c_str());
+                Printable(reader.producer()).c_str());
   }
   std::printf("size       %s (%llu bytes)\n", HumanBytes(reader.file_size()).c_str(),
               static_cast<unsigned long long>(reader.file_size()));
@@ -135,8 +137,7 @@ int RunInspect(const InspectOptions& options) {
     shapes.reserve(tensors.size());
     for (const TensorInfo& t : tensors) {
       // Control bytes in a hostile name must not reach the terminal.
-      std::string quoted = Quote(t.name);
-      names.push_back(quoted.substr(1, quoted.size() - 2));
+      names.push_back(Printable(t.name));
       shapes.push_back(ShapeString(t.shape));
       wname = std::max(wname, Columns(names.back()));
       wdtype = std::max(wdtype, std::string(DTypeName(t.dtype)).size());
@@ -158,9 +159,9 @@ int RunInspect(const InspectOptions& options) {
   if (!quantized.empty()) {
     std::printf("\nquantized tensors (%zu)\n", quantized.size());
     for (const QuantizedTensor& q : quantized) {
-      std::printf("  %s: %s -> %s %s, %s\n", q.name.c_str(), DTypeName(q.quantized_dtype),
-                  DTypeName(q.logical_dtype), ShapeString(q.shape).c_str(),
-                  ScalingModeName(q.scaling_mode));
+      std::printf("  %s: %s -> %s %s, %s\n", Printable(q.name).c_str(),
+                  DTypeName(q.quantized_dtype), DTypeName(q.logical_dtype),
+                  ShapeString(q.shape).c_str(), ScalingModeName(q.scaling_mode));
       if (q.rowwise) std::printf("    rowwise: %s\n", ComponentText(*q.rowwise).c_str());
       if (q.columnwise) std::printf("    columnwise: %s\n", ComponentText(*q.columnwise).c_str());
     }
@@ -169,7 +170,8 @@ int RunInspect(const InspectOptions& options) {
   if (!scaling.empty()) {
     std::printf("\nscaling state (%zu module%s)\n", scaling.size(), scaling.size() == 1 ? "" : "s");
     for (const ScalingState& s : scaling) {
-      std::printf("  %s: %s\n", s.module.c_str(), RecipeText(s.recipe).c_str());
+      std::printf("  %s: %s\n", Printable(s.module).c_str(),
+                  Printable(RecipeText(s.recipe)).c_str());
       if (s.states.empty()) std::printf("    (stateless)\n");
       for (const DirectionState& d : s.states) {
         std::string roles;
@@ -191,9 +193,10 @@ int RunInspect(const InspectOptions& options) {
   if (!metadata.empty()) {
     std::printf("\nmetadata (%zu)\n", metadata.size());
     for (const auto& [k, v] : metadata) {
-      std::string value =
-          v.size() > 200 ? v.substr(0, 200) + "... (" + std::to_string(v.size()) + " bytes)" : v;
-      std::printf("  %s = %s\n", k.c_str(), value.c_str());
+      std::string value = v.size() > 200 ? Printable(v.substr(0, 200)) + "... (" +
+                                               std::to_string(v.size()) + " bytes)"
+                                         : Printable(v);
+      std::printf("  %s = %s\n", Printable(k).c_str(), value.c_str());
     }
   }
   return kExitOk;

@@ -1,7 +1,9 @@
 // `ferry`: inspect, verify, convert and benchmark TensorFerry checkpoints and safetensors files.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <new>
 #include <string>
+#include <system_error>
 
 #include "cli.hpp"
 
@@ -102,15 +104,25 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
 
-  if (inspect_cmd->parsed()) return RunInspect(inspect);
-  if (verify_cmd->parsed()) return RunVerify(verify);
-  if (convert_cmd->parsed()) return RunConvert(convert);
-  if (bench_cmd->parsed()) {
-    if (bench.file.empty() == bench.generate.empty()) {
-      std::fprintf(stderr, "ferry bench: give a FILE or --generate SIZE\n");
-      return kExitUsage;
+  // The library reports failures as Status; what still throws (an allocation, a thread the
+  // system refuses) is caught here, after the unwinding has removed any temporary file.
+  try {
+    if (inspect_cmd->parsed()) return RunInspect(inspect);
+    if (verify_cmd->parsed()) return RunVerify(verify);
+    if (convert_cmd->parsed()) return RunConvert(convert);
+    if (bench_cmd->parsed()) {
+      if (bench.file.empty() == bench.generate.empty()) {
+        std::fprintf(stderr, "ferry bench: give a FILE or --generate SIZE\n");
+        return kExitUsage;
+      }
+      return RunBench(bench);
     }
-    return RunBench(bench);
+  } catch (const std::bad_alloc&) {
+    return Fail(ferry::Status(ferry::StatusCode::kResourceExhausted, "out of memory"));
+  } catch (const std::system_error& e) {
+    return Fail(ferry::Status(ferry::StatusCode::kResourceExhausted, e.what()));
+  } catch (const std::exception& e) {
+    return Fail(ferry::Status(ferry::StatusCode::kInternal, e.what()));
   }
   return kExitUsage;
 }

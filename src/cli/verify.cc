@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "block_source.hpp"
@@ -66,12 +67,21 @@ int RunVerify(const VerifyOptions& options) {
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<Failure> failures;
+  Status resource;
   auto work = [&] {
     for (;;) {
       size_t k = next.fetch_add(1);
       if (k >= items.size()) break;
       auto [i, b] = items[k];
       Status st = blocks.VerifyBlock(i, b);
+      if (st.code() == StatusCode::kResourceExhausted) {
+        // Not a verdict on the file: the whole check fails, saying why. Huge blocks lease
+        // their decode scratch from one budget (docs/SECURITY.md), so threads take turns.
+        std::lock_guard<std::mutex> lock(mu);
+        if (resource.ok()) resource = st;
+        next = items.size();
+        break;
+      }
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         failures.push_back(Failure{i, b, st.message()});
@@ -80,10 +90,17 @@ int RunVerify(const VerifyOptions& options) {
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  try {
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (const std::system_error& e) {
+    // Fewer threads than asked for (a thread or address-space limit): slower, same result.
+    std::fprintf(stderr, "ferry: warning: verifying with %zu threads, not %d: %s\n",
+                 pool.size() + 1, threads, e.what());
+  }
   work();
   for (auto& t : pool) t.join();
   progress.Finish();
+  if (!resource.ok()) return Fail(resource);
   double secs = progress.seconds();
   std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
     return a.tensor != b.tensor ? a.tensor < b.tensor : a.block < b.block;
@@ -105,9 +122,9 @@ int RunVerify(const VerifyOptions& options) {
                                 {"blocks", items.size()}, {"bytes", raw_total},
                                 {"seconds", secs},        {"ok", failures.empty()},
                                 {"failures", jf}};
-    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", j.dump(2, ' ', true, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    for (const Failure& f : failures) std::printf("FAILED %s\n", f.message.c_str());
+    for (const Failure& f : failures) std::printf("FAILED %s\n", Printable(f.message).c_str());
     if (failures.empty()) {
       if (!g_quiet) {
         std::printf(

@@ -55,13 +55,20 @@ def cuda_available():
 
 
 def _path(p):
-    return os.fsencode(os.fspath(p))
+    b = os.fsencode(os.fspath(p))
+    # The C library takes NUL-terminated strings: "a\0.bak" would silently become "a".
+    if b"\0" in b:
+        raise ValueError("tensorferry: path %r contains a NUL byte" % (p,))
+    return b
+
+
+_text = _lib.text
 
 
 def _name(n):
     if not isinstance(n, str):
         raise TypeError("tensorferry: tensor names are str, got %r" % type(n).__name__)
-    return n.encode("utf-8")
+    return _text(n, "tensor name")
 
 
 class TensorInfo:
@@ -122,6 +129,9 @@ def _host_source(value):
             value = np.from_dlpack(value)
         else:
             value = np.asarray(value)
+    if not value.dtype.isnative:
+        # Stored little-endian, as safetensors does: byte-swapped on the way out.
+        value = value.astype(value.dtype.newbyteorder("="))
     name = _dtypes.from_numpy(value.dtype)
     shape = list(value.shape)
     if name == "F4_E2M1FN":
@@ -409,7 +419,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
         opts.block_size = int(block_size)
     if min_savings is not None:
         opts.min_savings = float(min_savings)
-    producer_b = producer.encode("utf-8") if producer else None
+    producer_b = _text(producer, "producer") if producer else None
     opts.producer = producer_b
     opts.staging = staging._handle if staging is not None else None
     opts.direct_io = 1 if direct_io else 0
@@ -423,8 +433,8 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
                                 % (key, value))
-            _lib.call("ferry_writer_set_metadata", handle, key.encode("utf-8"),
-                      value.encode("utf-8"))
+            _lib.call("ferry_writer_set_metadata", handle, _text(key, "metadata key"),
+                      _text(value, "metadata value"))
         if scaling_state:
             _scaling.add_to_writer(handle, scaling_state)
         if _background:
@@ -482,7 +492,12 @@ class Reader(_Closable):
             _lib.call("ferry_reader_tensor_table", handle, ctypes.byref(table))
             n = table.num_tensors
             names = ctypes.string_at(table.names, table.names_size) if n else b""
-            self._order = names.decode("utf-8").split("\0")[:-1]
+            try:
+                self._order = names.decode("utf-8").split("\0")[:-1]
+            except UnicodeDecodeError:
+                for i, raw in enumerate(names.split(b"\0")[:-1]):  # which one, for the message
+                    _lib.decode(raw, path, "tensor #%d name" % i)
+                raise
             self._record_size = table.record_size
             self._records = ctypes.string_at(table.records, n * table.record_size) if n else b""
             self._shapes = (ctypes.string_at(table.shapes, 8 * table.num_shape_entries)
@@ -516,7 +531,7 @@ class Reader(_Closable):
 
     @property
     def producer(self):
-        return self._lib.ferry_reader_producer(self.handle).decode("utf-8")
+        return _lib.decode(self._lib.ferry_reader_producer(self.handle), self.path, "producer")
 
     def keys(self):
         self.handle  # raises once closed, like every other call
@@ -554,9 +569,14 @@ class Reader(_Closable):
         L = self._lib
         out = {}
         for i in range(L.ferry_reader_num_metadata(self.handle)):
-            k, v = ctypes.c_char_p(), ctypes.c_char_p()
-            _lib.call("ferry_reader_metadata_at", self.handle, i, ctypes.byref(k), ctypes.byref(v))
-            out[k.value.decode("utf-8")] = v.value.decode("utf-8")
+            k, v = ctypes.c_void_p(), ctypes.c_void_p()
+            kn, vn = ctypes.c_size_t(), ctypes.c_size_t()
+            # Lengths, not NUL termination: a value may hold NUL bytes.
+            _lib.call("ferry_reader_metadata_entry", self.handle, i, ctypes.byref(k),
+                      ctypes.byref(kn), ctypes.byref(v), ctypes.byref(vn))
+            key = _lib.decode(ctypes.string_at(k.value, kn.value), self.path, "metadata key")
+            out[key] = _lib.decode(ctypes.string_at(v.value, vn.value) if vn.value else b"",
+                                   self.path, "metadata value of %r" % key)
         return out
 
     def scaling_state(self):

@@ -448,6 +448,8 @@ def _declare(lib):
     fn("ferry_reader_metadata_at", I, c_void_p, c_size_t, POINTER(c_char_p), POINTER(c_char_p),
        E)
     fn("ferry_reader_metadata_get", I, c_void_p, c_char_p, POINTER(c_char_p), E)
+    fn("ferry_reader_metadata_entry", I, c_void_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t),
+       POINTER(c_void_p), POINTER(c_size_t), E)
     fn("ferry_reader_num_scaling_states", c_size_t, c_void_p)
     fn("ferry_reader_scaling_state_at", I, c_void_p, c_size_t, POINTER(ScalingState), E)
     fn("ferry_reader_view", I, c_void_p, c_char_p, c_uint32, POINTER(c_void_p), E)
@@ -483,6 +485,23 @@ def call(name, *args):
     code = getattr(lib(), name)(*args, ctypes.byref(err))
     if code != OK:
         raise_error(code, err)
+
+
+def text(s, what):
+    """UTF-8 bytes of str `s` for a C string, which would end at a NUL byte."""
+    if "\0" in s:
+        raise ValueError("tensorferry: %s %r contains a NUL byte" % (what, s))
+    return s.encode("utf-8")
+
+
+def decode(b, path, what):
+    """str of UTF-8 bytes read from a file; DataLossError naming the file when they are not."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = os.fsdecode(path) + ": " if path is not None else ""
+        raise DataLossError(DATA_LOSS, "%s%s %r is not valid UTF-8 (byte %d)"
+                            % (where, what, b, e.start)) from None
 
 
 def encode(s):

@@ -102,10 +102,10 @@ def _c_recipe(recipe, module):
         name = recipe.get("name")
         if not name:
             raise ValueError("tensorferry: scaling state %r: CustomRecipe needs a name" % module)
-        keep.append(name.encode("utf-8"))
+        keep.append(_lib.text(name, "CustomRecipe name"))
         c.custom_name = keep[-1]
         if recipe.get("qfactory"):
-            keep.append(str(recipe["qfactory"]).encode("utf-8"))
+            keep.append(_lib.text(str(recipe["qfactory"]), "CustomRecipe qfactory"))
             c.custom_qfactory = keep[-1]
     unknown = set(recipe) - allowed
     if unknown:
@@ -172,7 +172,7 @@ def add_to_writer(writer, scaling_state):
             cs.slot_roles = roles_arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
             cs.scale = scale.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             cs.amax_history = hist.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        _lib.call("ferry_writer_add_scaling_state", writer, str(module).encode("utf-8"),
+        _lib.call("ferry_writer_add_scaling_state", writer, _lib.text(str(module), "module name"),
                   ctypes.byref(recipe), cstates, len(states))
 
 
@@ -209,8 +209,9 @@ def read_all(reader_handle):
                     v = bool(v)
                 recipe[field] = v
             if kind == "CustomRecipe":
-                recipe["name"] = r.custom_name.decode("utf-8") if r.custom_name else ""
-                recipe["qfactory"] = (r.custom_qfactory.decode("utf-8")
+                recipe["name"] = (_lib.decode(r.custom_name, None, "CustomRecipe name")
+                                  if r.custom_name else "")
+                recipe["qfactory"] = (_lib.decode(r.custom_qfactory, None, "CustomRecipe qfactory")
                                       if r.custom_qfactory else None)
         states = []
         for k in range(st.num_states):
@@ -232,5 +233,5 @@ def read_all(reader_handle):
                 "scale": scale,
                 "amax_history": hist,
             })
-        out[st.module.decode("utf-8")] = {"recipe": recipe, "states": states}
+        out[_lib.decode(st.module, None, "scaling state module name")] = {"recipe": recipe, "states": states}
     return out
