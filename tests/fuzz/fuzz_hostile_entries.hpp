@@ -16,6 +16,7 @@
 #include "ferry/ferry.h"
 #include "fuzz_entries.hpp"
 #include "strict_json.hpp"
+#include "util.hpp"
 
 namespace ferry::fuzz {
 
