@@ -225,8 +225,10 @@ bool LooksLikeSafetensors(const uint8_t* file, uint64_t file_size) {
   // broken or tiny safetensors file then gets a safetensors error ("[]" is not an object,
   // an empty header is not JSON) rather than one about TensorFerry's trailer. The header may
   // start with whitespace, as the safetensors library allows.
+  // A header that opens with '{' right after the length is safetensors too, so a length that
+  // runs past the end gets the safetensors message that names it.
   return file_size >= 8 && std::memcmp(file, format::kMagic, format::kMagicSize) != 0 &&
-         LoadU64(file) <= file_size - 8;
+         (LoadU64(file) <= file_size - 8 || (file_size >= 9 && file[8] == '{'));
 }
 
 const char* SafetensorsDTypeName(DType dtype) {
