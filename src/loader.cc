@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "cuda_util.hpp"
+#include "handover.hpp"
 #include "reader_impl.hpp"
 #include "util.hpp"
 #include "worker_pool.hpp"
@@ -163,6 +164,13 @@ std::vector<Piece> MakePieces(const std::vector<Resolved>& res, const std::vecto
     }
   }
   return pieces;
+}
+
+// Pieces per resolved entry, for the hand-over of streaming loads.
+std::vector<uint32_t> PiecesPerTensor(const std::vector<Piece>& pieces, size_t n) {
+  std::vector<uint32_t> count(n, 0);
+  for (const Piece& p : pieces) ++count[p.r];
+  return count;
 }
 
 // Groups consecutive pieces into batches that fit one staging slot, packed at 64 bytes.
@@ -541,7 +549,9 @@ class Loader::Impl {
 
   Result<std::vector<LoadedTensor>> DeviceLoad(const Reader& reader,
                                                const std::vector<LoadRequest>& requests,
-                                               Stream stream, const DeviceAllocator* alloc) {
+                                               Stream stream, const DeviceAllocator* alloc,
+                                               const ReadyCallback* on_ready = nullptr,
+                                               HandOver when = HandOver::kComplete) {
     const Reader::Impl& r = reader.impl();
     auto t0 = std::chrono::steady_clock::now();
     cudaStream_t cstream = reinterpret_cast<cudaStream_t>(stream);
@@ -584,6 +594,12 @@ class Loader::Impl {
       } else {
         staged.push_back(p);
       }
+    }
+    // Streaming: declared after `out`, so it is finished (its thread joined) before `out` goes.
+    std::unique_ptr<Handover> handover;
+    if (on_ready != nullptr) {
+      handover = std::make_unique<Handover>(*on_ready, when, out, true, stream, ctx);
+      FERRY_RETURN_IF_ERROR(handover->Start(PiecesPerTensor(all, res.size())));
     }
     std::vector<Batch> batches;
     const uint32_t nfill = static_cast<uint32_t>(staged.size());
@@ -676,6 +692,7 @@ class Loader::Impl {
             break;
           }
           copies.fetch_add(1, std::memory_order_relaxed);
+          if (handover) st = handover->PieceDone(p.r);
         }
         if (st.ok() && windows) {
           cudaError_t err = cudaEventRecord(my_event, cstream);
@@ -697,6 +714,9 @@ class Loader::Impl {
         }
         if (error.failed()) break;
         Status st = RunBatch(r, res, staged, batches[k], slot, cstream, verify, direct_fd, &copies);
+        for (uint32_t i = batches[k].first; st.ok() && handover && i < batches[k].last; ++i) {
+          st = handover->PieceDone(staged[i].r);
+        }
         if (!st.ok()) error.Set(std::move(st));
         {
           std::lock_guard<std::mutex> lock(slot_mu);
@@ -712,6 +732,10 @@ class Loader::Impl {
     }
     slot_cv.notify_all();
     cudaError_t terr = cudaEventRecord(tail, cstream);
+    if (handover) {
+      Status st = handover->Finish();
+      if (!st.ok()) error.Set(std::move(st));
+    }
     if (error.failed()) return error.Get();
     if (terr != cudaSuccess) return CudaStatus(terr, r.path, "cudaEventRecord");
 
@@ -854,7 +878,8 @@ class Loader::Impl {
 #endif  // FERRY_HAVE_CUDA
 
   Result<std::vector<LoadedTensor>> HostLoad(const Reader& reader,
-                                             const std::vector<LoadRequest>& requests) {
+                                             const std::vector<LoadRequest>& requests,
+                                             const ReadyCallback* on_ready = nullptr) {
     const Reader::Impl& r = reader.impl();
     auto t0 = std::chrono::steady_clock::now();
     std::vector<size_t> order;
@@ -877,6 +902,12 @@ class Loader::Impl {
       out[k].data = rr.dst;
     }
     std::vector<Piece> pieces = MakePieces(res, order, options.chunk_bytes);
+    std::unique_ptr<Handover> handover;
+    if (on_ready != nullptr) {
+      handover =
+          std::make_unique<Handover>(*on_ready, HandOver::kComplete, out, false, nullptr, nullptr);
+      FERRY_RETURN_IF_ERROR(handover->Start(PiecesPerTensor(pieces, res.size())));
+    }
     DirectFile direct_file(r, res, options.io);
     const int fd = direct_file.fd();
     ErrorSlot error;
@@ -898,9 +929,14 @@ class Loader::Impl {
         } else {
           st = FillEncodedDirect(r, fd, rr.tensor, p.begin, p.len, dst, options.verify);
         }
+        if (st.ok() && handover) st = handover->PieceDone(p.r);
         if (!st.ok()) error.Set(std::move(st));
       }
     });
+    if (handover) {
+      Status st = handover->Finish();
+      if (!st.ok()) error.Set(std::move(st));
+    }
     if (error.failed()) return error.Get();
     stats = LoadStats{};
     stats.used_direct_io = fd >= 0;
@@ -987,6 +1023,40 @@ Result<std::vector<LoadedTensor>> Loader::LoadToHost(const Reader& reader,
                                                      const std::vector<LoadRequest>& requests) {
   std::lock_guard<std::mutex> lock(impl_->call_mu);
   return impl_->HostLoad(reader, requests);
+}
+
+Result<std::vector<LoadedTensor>> Loader::LoadStreaming(const Reader& reader,
+                                                        const std::vector<LoadRequest>& requests,
+                                                        const ReadyCallback& on_ready,
+                                                        HandOver when, Stream stream,
+                                                        const DeviceAllocator* allocator) {
+  if (!on_ready) {
+    return Error(StatusCode::kInvalidArgument, reader.path(), ": LoadStreaming without a callback");
+  }
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+#ifdef FERRY_HAVE_CUDA
+  if (allocator != nullptr && !allocator->allocate) {
+    return Error(StatusCode::kInvalidArgument, reader.path(), ": allocator without allocate");
+  }
+  return impl_->DeviceLoad(reader, requests, stream, allocator, &on_ready, when);
+#else
+  (void)requests;
+  (void)when;
+  (void)stream;
+  (void)allocator;
+  return Error(StatusCode::kUnimplemented, reader.path(),
+               ": this build of TensorFerry has no CUDA support (use LoadToHostStreaming)");
+#endif
+}
+
+Result<std::vector<LoadedTensor>> Loader::LoadToHostStreaming(
+    const Reader& reader, const std::vector<LoadRequest>& requests, const ReadyCallback& on_ready) {
+  if (!on_ready) {
+    return Error(StatusCode::kInvalidArgument, reader.path(),
+                 ": LoadToHostStreaming without a callback");
+  }
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+  return impl_->HostLoad(reader, requests, &on_ready);
 }
 
 LoadStats Loader::last_stats() const {

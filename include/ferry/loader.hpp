@@ -27,11 +27,13 @@
 #include "ferry/ferry.hpp"
 
 struct CUstream_st;
+struct CUevent_st;
 
 namespace ferry {
 
-// Same type as cudaStream_t / CUstream, without including CUDA headers.
+// Same types as cudaStream_t / CUstream and cudaEvent_t / CUevent, without CUDA headers.
 using Stream = CUstream_st*;
+using Event = CUevent_st*;
 
 // True when this build has the CUDA loader and a device is usable (any CUDA error: false).
 FERRY_API bool CudaAvailable();
@@ -114,6 +116,38 @@ struct LoadedTensor {
   std::shared_ptr<void> owner;
 };
 
+// Streaming loads (Loader::LoadStreaming): when a tensor is handed over.
+enum class HandOver : uint8_t {
+  // Once every copy into the tensor is complete: anything may read it, on any stream or the
+  // host. What a framework building modules while the rest loads wants.
+  kComplete = 0,
+  // Once every copy into it is enqueued on the load stream, followed by `ready`: work the
+  // callback enqueues on that stream runs after the copies; another stream waits with
+  // cudaStreamWaitEvent(ready) inside the callback. The earliest hand-over.
+  kEnqueued = 1,
+};
+
+// One tensor handed over by a streaming load.
+struct ReadyTensor {
+  // Position in the requests (with no requests: the tensor's index in name order), which is
+  // also its position in the vector the load returns.
+  size_t index = 0;
+  // The tensor as the load will return it. Valid during the callback; copy it (a
+  // LoadedTensor is cheap to copy and keeps loader-allocated memory alive) to keep it.
+  const LoadedTensor* tensor = nullptr;
+  // Device loads: an event recorded on the load stream after the tensor's last copy
+  // (already complete with HandOver::kComplete). Valid until the callback returns: wait on it
+  // (cudaStreamWaitEvent, cudaEventSynchronize) inside the callback. Host loads: null.
+  Event ready = nullptr;
+};
+
+// Called once per tensor, in the order the tensors' last copies were enqueued (file order,
+// give or take the interleaving of the worker threads), from one thread the loader starts for
+// the load: never two calls at once, never on a copy worker, so a slow callback delays later
+// hand-overs but not the copies. It must not call back into the same Loader. An exception it
+// throws fails the load (Internal) and no further tensor is handed over.
+using ReadyCallback = std::function<void(const ReadyTensor&)>;
+
 // Figures of the last load, for benchmarks and logs.
 struct LoadStats {
   uint64_t bytes = 0;           // raw bytes delivered
@@ -146,6 +180,21 @@ class FERRY_API Loader {
   // Host memory target; needs no GPU. Parallel over the worker threads.
   Result<std::vector<LoadedTensor>> LoadToHost(const Reader& reader,
                                                const std::vector<LoadRequest>& requests);
+
+  // Streaming forms: as LoadAsync and LoadToHost, and every tensor goes to `on_ready` as soon
+  // as it is loaded (see HandOver and ReadyCallback) while the rest still loads. They return
+  // once every tensor was handed over: with HandOver::kComplete the data is then complete;
+  // with kEnqueued, as LoadAsync, once `stream` reaches this point. On failure the tensors
+  // handed over before it stay valid only while the caller holds copies of them.
+  Result<std::vector<LoadedTensor>> LoadStreaming(const Reader& reader,
+                                                  const std::vector<LoadRequest>& requests,
+                                                  const ReadyCallback& on_ready,
+                                                  HandOver when = HandOver::kComplete,
+                                                  Stream stream = nullptr,
+                                                  const DeviceAllocator* allocator = nullptr);
+  Result<std::vector<LoadedTensor>> LoadToHostStreaming(const Reader& reader,
+                                                        const std::vector<LoadRequest>& requests,
+                                                        const ReadyCallback& on_ready);
 
   LoadStats last_stats() const;
   const LoaderOptions& options() const;
