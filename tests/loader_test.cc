@@ -307,6 +307,34 @@ TEST_F(DeviceLoaderTest, EveryDTypeBitExactBothHostPaths) {
   }
 }
 
+// The first load from a mapping reads with pread (one-shot); the next one from the same
+// reader copies from the mapping. Both bit-exact, with and without verification.
+TEST_F(DeviceLoaderTest, OneShotThenRepeatedLoadBitExact) {
+  SKIP_WITHOUT_GPU();
+  for (bool verify : {false, true}) {
+    LoaderOptions o;
+    o.io = IoMode::kPageCache;
+    o.verify = verify;
+    o.chunk_bytes = 32 << 10;
+    o.staging_bytes = 128 << 10;
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    int dev = -1;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    for (bool first : {true, false}) {
+      auto out = (*loader)->Load(*reader_, {});
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      EXPECT_EQ((*loader)->last_stats().used_pread, first);
+      CheckAll(*out, dev);
+    }
+    // A new reader of the same file is a new mapping: one-shot again.
+    auto again = Reader::Open(path_);
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE((*loader)->Load(**again, {}).ok());
+    EXPECT_TRUE((*loader)->last_stats().used_pread);
+  }
+}
+
 TEST_F(DeviceLoaderTest, DirectIoBitExact) {
   SKIP_WITHOUT_GPU();
   LoaderOptions o;

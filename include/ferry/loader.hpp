@@ -73,15 +73,18 @@ enum class PinnedAlloc : uint8_t {
 };
 
 struct LoaderOptions {
-  // Pinned staging memory, split into slots of chunk_bytes (each with 8 KiB of room for
-  // aligning direct reads).
+  // Pinned staging memory: as many slots of chunk_bytes (each with 8 KiB of room for aligning
+  // direct reads) as fit, at least two; allocated on 2 MiB transparent huge pages where the
+  // kernel gives them (faster to pin), rounded up to 2 MiB.
   uint64_t staging_bytes = uint64_t{64} << 20;
   // Bytes per staging slot and per DMA; small tensors are packed into one slot when their
   // destinations are contiguous.
   uint64_t chunk_bytes = uint64_t{4} << 20;
   // CPU worker threads (copy, decode, verify). 0: min(16, hardware threads). Loads of raw
   // tensors use at most 8 of them (more measured slower on an H200 host: the copy is memory
-  // bound); loads that are mostly compressed use all of them (decode bound).
+  // bound), except a one-shot load (the first this loader makes from a Reader's file
+  // mapping), which reads resident data with pread on up to 12 (faster in fresh processes);
+  // loads that are mostly compressed use all of them (decode bound).
   int threads = 0;
   HostPath host_path = HostPath::kAuto;
   IoMode io = IoMode::kAuto;
@@ -108,6 +111,8 @@ struct LoadRequest {
 // A loaded tensor. `info.shape` reflects a row range. When the loader allocated the memory,
 // `owner` frees it (through the caller's allocator, on the load stream, or std::free for host)
 // once the last copy of `owner` is dropped; with a caller-provided `dst`, `owner` is null.
+// Without a caller's allocator, the tensors of one load share one allocation (one
+// cudaMallocAsync, or one host allocation), freed when the last of them is dropped.
 struct LoadedTensor {
   TensorInfo info;
   void* data = nullptr;
@@ -155,6 +160,7 @@ struct LoadStats {
   uint64_t pinned_bytes = 0;    // pinned staging memory held by the loader
   bool used_register = false;   // the page-cache registration path was taken
   bool used_direct_io = false;  // O_DIRECT reads were used
+  bool used_pread = false;      // a one-shot load: resident raw bytes read with pread
   double seconds = 0;           // wall time of the call
 };
 
