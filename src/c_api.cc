@@ -17,6 +17,7 @@
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "reader_impl.hpp"
+#include "torch_import/import_writer.hpp"
 #include "util.hpp"
 
 // The C header mirrors ferry::StatusCode; a drifted value would silently mislabel errors.
@@ -802,36 +803,56 @@ void ferry_writer_options_init(ferry_writer_options_t* options) {
   options->producer = nullptr;
 }
 
+namespace {
+// ferry_writer_options_t -> WriterOptions (ferry_writer_create, ferry_convert).
+int ToWriterOptions(const char* path, const ferry_writer_options_t* options, const char* fn,
+                    ferry::WriterOptions* o, ferry_error_t* error) {
+  if (options == nullptr) return FERRY_OK;
+  int rc = CheckSized(options, fn, "options", error);
+  if (rc != FERRY_OK) return rc;
+  if (FERRY_C_HAS(options, block_size)) o->block_size = options->block_size;
+  if (FERRY_C_HAS(options, encoding)) {
+    if (options->encoding < FERRY_ENCODING_RAW || options->encoding > FERRY_ENCODING_SHUFFLE_ZSTD) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(path, ": unknown default encoding ", options->encoding));
+    }
+    o->encoding = static_cast<ferry::Encoding>(options->encoding);
+  }
+  if (FERRY_C_HAS(options, zstd_level)) o->zstd_level = options->zstd_level;
+  if (FERRY_C_HAS(options, min_savings)) o->min_savings = options->min_savings;
+  if (FERRY_C_HAS(options, threads)) o->threads = options->threads;
+  if (FERRY_C_HAS(options, durable)) o->durable = options->durable != 0;
+  if (FERRY_C_HAS(options, producer) && options->producer != nullptr) {
+    o->producer = options->producer;
+  }
+  return FERRY_OK;
+}
+}  // namespace
+
 int ferry_writer_create(const char* path, const ferry_writer_options_t* options,
                         ferry_writer_t** out, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(path);
     FERRY_C_REQUIRE(out);
     ferry::WriterOptions o;
-    if (options != nullptr) {
-      int rc = CheckSized(options, fn, "options", error);
-      if (rc != FERRY_OK) return rc;
-      if (FERRY_C_HAS(options, block_size)) o.block_size = options->block_size;
-      if (FERRY_C_HAS(options, encoding)) {
-        if (options->encoding < FERRY_ENCODING_RAW ||
-            options->encoding > FERRY_ENCODING_SHUFFLE_ZSTD) {
-          return Fail(error, FERRY_INVALID_ARGUMENT,
-                      ferry::StrCat(path, ": unknown default encoding ", options->encoding));
-        }
-        o.encoding = static_cast<ferry::Encoding>(options->encoding);
-      }
-      if (FERRY_C_HAS(options, zstd_level)) o.zstd_level = options->zstd_level;
-      if (FERRY_C_HAS(options, min_savings)) o.min_savings = options->min_savings;
-      if (FERRY_C_HAS(options, threads)) o.threads = options->threads;
-      if (FERRY_C_HAS(options, durable)) o.durable = options->durable != 0;
-      if (FERRY_C_HAS(options, producer) && options->producer != nullptr) {
-        o.producer = options->producer;
-      }
-    }
+    int rc = ToWriterOptions(path, options, fn, &o, error);
+    if (rc != FERRY_OK) return rc;
     auto w = ferry::Writer::Create(path, std::move(o));
     if (!w.ok()) return Report(w.status(), error);
     *out = new ferry_writer_t(std::move(w).value());
     return FERRY_OK;
+  });
+}
+
+int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
+                  ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(src);
+    FERRY_C_REQUIRE(dst);
+    ferry::WriterOptions o;
+    int rc = ToWriterOptions(dst, options, fn, &o, error);
+    if (rc != FERRY_OK) return rc;
+    return Report(ferry::torch_import::ConvertCheckpoint(src, dst, o), error);
   });
 }
 

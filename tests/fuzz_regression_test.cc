@@ -28,10 +28,9 @@ struct Target {
 };
 
 const Target kTargets[] = {
-    {"footer", fuzz::FuzzFooter},
-    {"load", fuzz::FuzzLoad},
-    {"chunk", fuzz::FuzzChunk},
-    {"safetensors", fuzz::FuzzSafetensors},
+    {"footer", fuzz::FuzzFooter},     {"load", fuzz::FuzzLoad},
+    {"chunk", fuzz::FuzzChunk},       {"safetensors", fuzz::FuzzSafetensors},
+    {"unpickle", fuzz::FuzzUnpickle},
 };
 
 std::vector<fs::path> Inputs(const fs::path& dir) {

@@ -293,6 +293,16 @@ FERRY_API int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, 
 FERRY_API int ferry_writer_add_dltensor(ferry_writer_t* writer, const char* name,
                                         const DLTensor* tensor, int32_t encoding,
                                         ferry_error_t* error);
+/* Converts the checkpoint at `src` into `dst`, atomically (nothing replaces `dst` unless the
+ * whole conversion succeeds). `src`: a torch.save file (.pt, .bin), a sharded
+ * pytorch_model.bin.index.json, a PyTorch Distributed Checkpoint folder, a safetensors file
+ * or a TensorFerry checkpoint. PyTorch inputs are read without running their pickles: only
+ * tensors, plain values and TransformerEngine extra state are imported, anything else is
+ * refused with an error naming it. `dst` ending in ".safetensors" writes safetensors (PyTorch
+ * inputs without FP8 scaling state only); anything else a TensorFerry checkpoint written with
+ * `options` (NULL: defaults). Thread-safe (touches no shared state). */
+FERRY_API int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
+                            ferry_error_t* error);
 /* Sets a string metadata entry (a later value for the same key replaces the earlier one). */
 FERRY_API int ferry_writer_set_metadata(ferry_writer_t* writer, const char* key, const char* value,
                                         ferry_error_t* error);

@@ -59,6 +59,10 @@ int RunInspect(const InspectOptions& options);
 int RunVerify(const VerifyOptions& options);
 int RunConvert(const ConvertOptions& options);
 int RunBench(const BenchOptions& options);
+// PyTorch checkpoints (torch_input.cc): torch.save files, sharded .bin indexes, DCP folders.
+bool IsTorchInput(const std::string& path);
+int RunInspectTorch(const InspectOptions& options);
+int RunConvertTorch(const ConvertOptions& options, const WriterOptions& writer_options);
 
 // Prints "ferry: <code>: <message>" to stderr and returns kExitFailure.
 int Fail(const Status& status);

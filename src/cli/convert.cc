@@ -289,6 +289,7 @@ int RunConvert(const ConvertOptions& options) {
   wo.block_size = *block;
   wo.zstd_level = options.level;
   wo.threads = options.threads;
+  if (IsTorchInput(options.in)) return RunConvertTorch(options, wo);
 
   auto sources = OpenSources(options.in);
   if (!sources.ok()) return Fail(sources.status());

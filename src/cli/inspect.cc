@@ -48,6 +48,7 @@ std::string Pad(const std::string& s, size_t width) {
 }  // namespace
 
 int RunInspect(const InspectOptions& options) {
+  if (IsTorchInput(options.file)) return RunInspectTorch(options);
   auto opened = Reader::Open(options.file);
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;

@@ -25,6 +25,10 @@
 #include "format.hpp"
 #include "reader_impl.hpp"
 #include "safetensors.hpp"
+#include "torch_import/te_extra_state.hpp"
+#include "torch_import/torch_checkpoint.hpp"
+#include "torch_import/unpickle.hpp"
+#include "torch_import/zip.hpp"
 
 namespace ferry::fuzz {
 
@@ -294,6 +298,58 @@ inline Status FuzzSafetensors(const uint8_t* data, size_t size) {
   auto ck =
       ParseFooter(reinterpret_cast<const uint8_t*>(index.data()), *index_size, size, path, rules);
   Expect(ck.ok(), "an accepted safetensors header gives an invalid index", ck.status().ToString());
+  return Status::Ok();
+}
+
+// ---- PyTorch pickles and archives ---------------------------------------------------------
+
+// Whatever a pickle built must be safe to use: every tensor's bytes are read (a tensor the
+// interpreter accepted lies inside its storage), and every value is tried as
+// TransformerEngine extra state.
+inline void UseTorchValues(torch_import::Heap* heap, const torch_import::Value* root,
+                           const std::string& path) {
+  std::vector<const torch_import::Value*> todo{root};
+  std::vector<uint8_t> buf;
+  for (size_t k = 0; k < todo.size() && k < 4096; ++k) {
+    const torch_import::Value* v = todo[k];
+    if (v->is(torch_import::Value::Kind::kTensor)) {
+      uint64_t n = torch_import::TensorBytes(*v->tensor);
+      if (n <= kMaxTensorBytes) {
+        buf.assign(n + 1, 0);
+        Clean(torch_import::CopyTensorBytes(*v->tensor, 0, buf.data(), n, nullptr, path), path);
+      }
+    }
+    std::vector<std::pair<std::string, std::string>> md;
+    auto st = torch_import::DecodeExtraState(heap, v, "m", nullptr, path, &md);
+    if (!st.ok()) Clean(st.status(), path);
+    for (const auto* x : v->items) todo.push_back(x);
+    for (const auto& [a, b] : v->dict) todo.push_back(b);
+  }
+}
+
+// A torch.save archive (starts "PK"), a legacy torch.save stream of one storage (as
+// torch.storage._load_from_bytes holds), or a bare pickle.
+inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
+  const std::string path = "fuzz.pt";
+  torch_import::Heap heap;
+  if (torch_import::LooksLikeZip(data, size)) {
+    auto root = torch_import::LoadTorchZip(&heap, data, size, path);
+    if (!root.ok()) return Clean(root.status(), path);
+    UseTorchValues(&heap, *root, path);
+    return Status::Ok();
+  }
+  if (torch_import::LooksLikeLegacyTorch(data, size)) {
+    auto st = torch_import::ParseLegacyStorage(&heap, data, size, path);
+    if (!st.ok()) return Clean(st.status(), path);
+    Expect((*st)->data >= data && (*st)->data + (*st)->nbytes <= data + size,
+           "legacy storage outside its stream");
+    return Status::Ok();
+  }
+  torch_import::UnpickleOptions o;
+  o.where = path;
+  auto root = torch_import::Unpickle(&heap, data, size, o);
+  if (!root.ok()) return Clean(root.status(), path);
+  UseTorchValues(&heap, *root, path);
   return Status::Ok();
 }
 

@@ -27,12 +27,14 @@ from ._dlpack import DLPackTensor, HostBuffer
 from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidArgumentError,
                    IoError, NotFoundError, ResourceExhaustedError, UnimplementedError,
                    load_library, library_path)
+from ._convert import convert
 
 __all__ = [
     "save_file", "load_file", "load_iter", "safe_open", "read_metadata", "read_scaling_state", "Reader",
     "Loader", "TensorInfo", "DLPackTensor", "cuda_available", "version", "load_library",
     "library_path", "FerryError", "InvalidArgumentError", "NotFoundError", "DataLossError",
     "ResourceExhaustedError", "UnimplementedError", "InternalError", "CudaError", "IoError",
+    "convert",
 ]
 
 

@@ -392,6 +392,7 @@ def _declare(lib):
     fn("ferry_writer_add_tensor", I, c_void_p, c_char_p, c_int32, POINTER(c_int64), c_int32,
        c_void_p, c_uint64, c_int32, E)
     fn("ferry_writer_set_metadata", I, c_void_p, c_char_p, c_char_p, E)
+    fn("ferry_convert", I, c_char_p, c_char_p, POINTER(WriterOptions), E)
     fn("ferry_recipe_init", None, POINTER(Recipe), c_int32)
     fn("ferry_writer_add_scaling_state", I, c_void_p, c_char_p, POINTER(Recipe),
        POINTER(DirectionState), c_size_t, E)

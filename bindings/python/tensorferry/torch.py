@@ -16,7 +16,8 @@ import torch as _torch
 import tensorferry as _tf
 from tensorferry import _scaling
 
-__all__ = ["save_state_dict", "load_state_dict", "load_scaling_state", "recipe_to_dict"]
+__all__ = ["save_state_dict", "load_state_dict", "load_scaling_state", "recipe_to_dict",
+           "load_te_extra_state"]
 
 recipe_to_dict = _scaling.recipe_to_dict
 
@@ -77,3 +78,30 @@ def load_scaling_state(path, *, device=None):
             st["scale"] = _torch.from_numpy(st["scale"]).to(device)
             st["amax_history"] = _torch.from_numpy(st["amax_history"]).to(device)
     return state
+
+
+def load_te_extra_state(path, *, device=None):
+    """{"<module>._extra_state": uint8 tensor} for every TransformerEngine module of the
+    checkpoint, each in the form the module's set_extra_state accepts (see tensorferry._te),
+    built from the checkpoint's scaling-state tables on `device` (default: the current CUDA
+    device if there is one, else CPU). Merge it into a state dict before
+    module.load_state_dict."""
+    import pickle
+
+    from tensorferry import _te
+
+    device = _default_device(device)
+    metadata = _tf.read_metadata(path)
+    out = {}
+    for module, entry in _tf.read_scaling_state(path).items():
+        state = _te.extra_state_dict(entry, _te.extra_fp8_variables(metadata, module),
+                                     to_tensor=lambda a: _torch.from_numpy(a.copy()))
+        if state is None:
+            blob = _torch.empty(0, dtype=_torch.uint8)
+        else:
+            recipe = _te.recipe_object(entry["recipe"])
+            if recipe is not None:
+                state["recipe"] = recipe
+            blob = _torch.frombuffer(bytearray(pickle.dumps(state)), dtype=_torch.uint8)
+        out[(module + "." if module else "") + "_extra_state"] = blob.to(device)
+    return out

@@ -1,0 +1,46 @@
+"""tensorferry.convert: PyTorch checkpoints (and safetensors) into TensorFerry files.
+
+The conversion runs in the library (the C API's ferry_convert), so PyTorch pickles are read
+by its restricted interpreter and never by Python's pickle module: this module imports
+neither pickle nor torch.
+"""
+
+import ctypes
+
+from . import _lib
+
+
+def convert(src, dst, *, encoding="raw", zstd_level=None, block_size=None, threads=0,
+            durable=True, producer=None):
+    """Converts `src` into `dst`, atomically.
+
+    src: a torch.save file (.pt, .bin), a sharded pytorch_model.bin.index.json, a PyTorch
+    Distributed Checkpoint folder, a safetensors file or a TensorFerry checkpoint. Only
+    tensors, plain values (kept as metadata) and TransformerEngine ``_extra_state`` (kept as
+    the checkpoint's FP8 scaling state) are imported; any other pickled object is refused with
+    an error naming it. Nothing in the pickles is executed, and CUDA tensors are read without
+    touching a GPU. dst: a ``.safetensors`` name writes safetensors (PyTorch inputs without
+    FP8 scaling state), anything else a TensorFerry checkpoint with `encoding` ("raw", "zstd",
+    "shuffle_zstd").
+    """
+    if encoding not in _lib.ENCODINGS:
+        raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
+    L = _lib.lib()
+    opts = _lib.WriterOptions()
+    L.ferry_writer_options_init(ctypes.byref(opts))
+    opts.encoding = _lib.ENCODINGS[encoding]
+    if zstd_level is not None:
+        opts.zstd_level = int(zstd_level)
+    if block_size is not None:
+        opts.block_size = int(block_size)
+    opts.threads = int(threads)
+    opts.durable = 1 if durable else 0
+    producer_b = producer.encode("utf-8") if producer else None
+    opts.producer = producer_b
+    _lib.call("ferry_convert", _fspath(src), _fspath(dst), ctypes.byref(opts))
+
+
+def _fspath(p):
+    import os
+
+    return os.fsencode(os.fspath(p))

@@ -1,0 +1,208 @@
+// The PLANES codec on the CPU: bit-exact round trips, the code builder, and corrupt blocks.
+#include "planes.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "planes_data.hpp"
+#include "test_util.hpp"
+
+namespace ferry {
+namespace {
+
+using testing::NormalWeights;
+using testing::RandomBytes;
+using testing::SprinkleSpecials;
+
+constexpr size_t kUnit = planes::kStreamsPerUnit * planes::kSymbolsPerStream;  // elements
+
+std::vector<uint8_t> EncodeOrDie(const std::vector<uint8_t>& raw, size_t width, double savings) {
+  std::vector<uint8_t> out(planes::Bound(raw.size())), scratch(raw.size());
+  size_t n = planes::Encode(raw.data(), raw.size(), width, out.data(), scratch.data(), savings);
+  out.resize(n);
+  return out;
+}
+
+Status DecodeInto(const std::vector<uint8_t>& enc, size_t raw_size, std::vector<uint8_t>* out) {
+  out->assign(raw_size, 0xA5);
+  std::vector<uint8_t> scratch(raw_size);
+  return planes::Decode(enc.data(), enc.size(), out->data(), raw_size, scratch.data());
+}
+
+TEST(PlanesTest, LengthsAreBoundedPrefixCodes) {
+  for (uint64_t seed : {1, 2, 3}) {
+    uint64_t freq[256] = {};
+    std::mt19937_64 rng(seed);
+    // Geometric frequencies: unbounded Huffman codes would reach 40+ bits.
+    for (int s = 0; s < 256; ++s) freq[s] = (rng() % 3 == 0) ? 0 : (uint64_t{1} << (s % 48)) + 1;
+    uint8_t len[256];
+    planes::BuildLengths(freq, planes::kMaxCodeLength, len);
+    uint64_t kraft = 0;
+    for (int s = 0; s < 256; ++s) {
+      EXPECT_EQ(len[s] == 0, freq[s] == 0) << s;
+      EXPECT_LE(len[s], planes::kMaxCodeLength);
+      if (len[s]) kraft += uint64_t{1} << (planes::kMaxCodeLength - len[s]);
+    }
+    EXPECT_LE(kraft, uint64_t{1} << planes::kMaxCodeLength);
+  }
+  uint64_t one[256] = {};
+  one[42] = 1000;
+  uint8_t len[256];
+  planes::BuildLengths(one, planes::kMaxCodeLength, len);
+  EXPECT_EQ(len[42], 1);
+  EXPECT_EQ(std::count(len, len + 256, 0), 255);
+}
+
+TEST(PlanesTest, RoundTripEveryWidthAndEdgeSize) {
+  for (size_t width : {1, 2, 4, 8}) {
+    const size_t u = kUnit * width;
+    for (size_t n : {size_t{0}, size_t{1}, width - 1 + 1, u - width, u - 1, u, u + 1, u + width,
+                     3 * u + 5, 4 * u + 3 * width, size_t{4} << 20}) {
+      for (int kind = 0; kind < 3; ++kind) {
+        std::vector<uint8_t> raw =
+            kind == 0 ? NormalWeights(n, width, 0.02f, n + width) : RandomBytes(n, n * 7 + width);
+        if (kind == 2) SprinkleSpecials(raw = NormalWeights(n, width, 1.0f, n), width);
+        std::vector<uint8_t> enc = EncodeOrDie(raw, width, -1);
+        if (n == 0) {
+          EXPECT_TRUE(enc.empty());
+          continue;
+        }
+        ASSERT_FALSE(enc.empty()) << width << " " << n;
+        ASSERT_LE(enc.size(), planes::Bound(n));
+        std::vector<uint8_t> back;
+        Status st = DecodeInto(enc, n, &back);
+        ASSERT_TRUE(st.ok()) << st.ToString() << " width " << width << " n " << n;
+        ASSERT_TRUE(back == raw) << "width " << width << " n " << n << " kind " << kind;
+      }
+    }
+  }
+}
+
+TEST(PlanesTest, Bf16WeightsCodeTheExponentPlaneOnly) {
+  const size_t n = size_t{4} << 20;
+  std::vector<uint8_t> raw = NormalWeights(n, 2, 0.02f, 7);
+  std::vector<uint8_t> enc = EncodeOrDie(raw, 2, 0.0);
+  ASSERT_FALSE(enc.empty());
+  planes::Layout l;
+  ASSERT_TRUE(planes::Parse(enc.data(), enc.size(), n, &l).ok());
+  EXPECT_EQ(l.plane[0].mode, planes::kPlaneRaw);
+  EXPECT_EQ(l.plane[1].mode, planes::kPlaneHuffman);
+  EXPECT_EQ(l.coded_planes, 1u);
+  // Sign + exponent of N(0, 0.02) carry about 3.3 bits: the block shrinks below 0.72.
+  EXPECT_LT(static_cast<double>(enc.size()) / n, 0.72);
+  std::vector<uint8_t> back;
+  ASSERT_TRUE(DecodeInto(enc, n, &back).ok());
+  EXPECT_TRUE(back == raw);
+}
+
+TEST(PlanesTest, IncompressibleBlocksAreNotEncoded) {
+  std::vector<uint8_t> raw = RandomBytes(1 << 20, 3);
+  EXPECT_TRUE(EncodeOrDie(raw, 2, 0.02).empty());
+  EXPECT_TRUE(EncodeOrDie(raw, 1, 0.02).empty());
+  // Tiny blocks never pay for the header.
+  std::vector<uint8_t> tiny = NormalWeights(64, 2, 0.02f, 1);
+  EXPECT_TRUE(EncodeOrDie(tiny, 2, 0.0).empty());
+}
+
+TEST(PlanesTest, ConstantPlaneUsesOneBitCodes) {
+  std::vector<uint8_t> raw(kUnit * 2 * 3, 0);
+  for (size_t i = 0; i < raw.size(); i += 2) raw[i] = static_cast<uint8_t>(i * 13);
+  std::vector<uint8_t> enc = EncodeOrDie(raw, 2, 0.0);
+  ASSERT_FALSE(enc.empty());
+  std::vector<uint8_t> back;
+  ASSERT_TRUE(DecodeInto(enc, raw.size(), &back).ok());
+  EXPECT_TRUE(back == raw);
+}
+
+TEST(PlanesTest, HeaderAndTableCorruptionIsDataLoss) {
+  const size_t n = kUnit * 2 * 3 + 6;
+  std::vector<uint8_t> raw = NormalWeights(n, 2, 0.02f, 11);
+  std::vector<uint8_t> enc = EncodeOrDie(raw, 2, 0.0);
+  ASSERT_FALSE(enc.empty());
+  std::vector<uint8_t> back;
+  // Truncations.
+  for (size_t cut : {size_t{0}, size_t{10}, size_t{95}, enc.size() / 2, enc.size() - 1}) {
+    std::vector<uint8_t> t(enc.begin(), enc.begin() + cut);
+    Status st = DecodeInto(t, n, &back);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << cut;
+  }
+  // A wrong raw size.
+  {
+    std::vector<uint8_t> scratch(n + 2), out(n + 2);
+    EXPECT_EQ(planes::Decode(enc.data(), enc.size(), out.data(), n + 2, scratch.data()).code(),
+              StatusCode::kDataLoss);
+  }
+  // Every byte of the header, the plane directory and the coded plane's tables, flipped: an
+  // error or a different decode, never a crash (sanitizer builds check the bounds).
+  planes::Layout l;
+  ASSERT_TRUE(planes::Parse(enc.data(), enc.size(), n, &l).ok());
+  size_t tables_end = l.plane[1].offset + planes::kCodedUnitTableOffset + 4 * (l.nunits + 1);
+  int errors = 0;
+  for (size_t i = 0; i < tables_end; ++i) {
+    if (i >= l.plane[0].offset && i < l.plane[0].offset + l.plane[0].size) continue;
+    for (uint8_t mask : {0x01, 0x10, 0x80}) {
+      std::vector<uint8_t> c = enc;
+      c[i] ^= mask;
+      Status st = DecodeInto(c, n, &back);
+      if (!st.ok()) {
+        EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+        EXPECT_FALSE(st.message().empty());
+        ++errors;
+      }
+    }
+  }
+  EXPECT_GT(errors, 0);
+}
+
+TEST(PlanesTest, CorruptUnitsAreDataLossNamingUnitAndPlane) {
+  const size_t n = kUnit * 2 * 4;
+  std::vector<uint8_t> raw = NormalWeights(n, 2, 0.02f, 5);
+  std::vector<uint8_t> enc = EncodeOrDie(raw, 2, 0.0);
+  planes::Layout l;
+  ASSERT_TRUE(planes::Parse(enc.data(), enc.size(), n, &l).ok());
+  const uint8_t* table = enc.data() + l.plane[1].offset + planes::kCodedUnitTableOffset;
+  uint32_t unit2;
+  std::memcpy(&unit2, table + 8, 4);
+  const size_t u2 = l.plane[1].offset + unit2;
+  std::vector<uint8_t> back;
+  {
+    std::vector<uint8_t> c = enc;
+    c[u2 + 3] += 1;  // stream 3's length no longer adds up to the unit
+    Status st = DecodeInto(c, n, &back);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("unit 2 of plane 1"), std::string::npos) << st.message();
+  }
+  {
+    std::vector<uint8_t> c = enc;
+    // Move one word from stream 0 to stream 1: lengths still add up, codes no longer do.
+    c[u2 + 0] -= 1;
+    c[u2 + 1] += 1;
+    Status st = DecodeInto(c, n, &back);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("unit 2 of plane 1, stream"), std::string::npos) << st.message();
+  }
+  // Every single-byte change in the stream data: an error or a different decode (which the
+  // block checksum rejects), never a crash. Huffman codes resynchronize, so only some changes
+  // break the stream's length or padding.
+  int caught = 0, total = 0;
+  uint32_t unit3;
+  std::memcpy(&unit3, table + 12, 4);
+  for (size_t i = u2 + planes::kStreamsPerUnit; i < l.plane[1].offset + unit3; i += 3) {
+    std::vector<uint8_t> c = enc;
+    c[i] ^= 0x5a;
+    Status st = DecodeInto(c, n, &back);
+    ++total;
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+      ++caught;
+    } else {
+      EXPECT_FALSE(back == raw);
+    }
+  }
+  EXPECT_GT(caught, 0) << total;
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,492 @@
+"""PyTorch checkpoints into TensorFerry without running their pickles.
+
+The checkpoints are built by torch_like.py (torch's exact archive and pickle layout, made
+without torch); tests/data/torch/ holds ones made by the real torch (make_fixtures.py) and
+test_real_torch_fixtures checks those when present.
+"""
+
+import collections
+import ctypes
+import io
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import torch_like as tl
+from test_safetensors_interop import FERRY, ferry, needs_ferry, _tensorferry
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# FERRY_TORCH_FIXTURES: a folder written by make_fixtures.py elsewhere (the device script).
+FIXTURES = os.environ.get("FERRY_TORCH_FIXTURES") or os.path.join(ROOT, "tests", "data", "torch")
+
+
+def ferry_bytes(path):
+    """{name: (dtype, shape, bytes)} of a TensorFerry file, read through the C API."""
+    tf = _tensorferry()
+    out = {}
+    with tf.Reader(str(path)) as r:
+        for n in r.keys():
+            info = r.info(n)
+            shape, nbytes = r.region(n)
+            buf = (ctypes.c_uint8 * max(1, nbytes))()
+            r.read_into(n, ctypes.addressof(buf), nbytes, verify=True)
+            out[n] = (info.dtype, list(shape), bytes(buf)[:nbytes])
+    return out
+
+
+def dense(t):
+    """The row-major bytes a Tensor stand-in describes, computed by numpy from its storage."""
+    item = tl.DTYPES[t.storage.dtype][2]
+    raw = np.frombuffer(t.storage.data, dtype="V%d" % item)
+    view = np.lib.stride_tricks.as_strided(
+        raw[t.offset:], shape=t.shape, strides=[s * item for s in t.stride])
+    return np.ascontiguousarray(view).tobytes()
+
+
+FERRY_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16",
+                "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64", "uint8": "U8",
+                "bool": "BOOL", "complex64": "C64", "complex128": "C128", "uint16": "U16",
+                "uint32": "U32", "uint64": "U64", "float8_e4m3fn": "F8_E4M3FN",
+                "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+                "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0FNU",
+                "float4_e2m1fn_x2": "F4_E2M1FN"}
+
+
+def sample_state_dict(seed=0):
+    """Every dtype, views with storage offsets and strides, shared and overlapping storages,
+    a nested dict, plain values. Returns (object to save, {name: expected (dtype, shape,
+    bytes)})."""
+    rng = np.random.default_rng(seed)
+    sd = collections.OrderedDict()
+    expect = {}
+    for i, (name, (np_dtype, _, item)) in enumerate(sorted(tl.DTYPES.items())):
+        if name not in FERRY_DTYPES:
+            continue
+        data = rng.integers(0, 256, size=6 * item, dtype=np.uint8).tobytes()
+        if name == "bool":
+            data = bytes(b & 1 for b in data)
+        t = tl.Tensor(tl.Storage(data, name), (2, 3))
+        sd["dtypes." + name] = t
+        shape = [2, 6] if name == "float4_e2m1fn_x2" else [2, 3]
+        expect["model.dtypes." + name] = (FERRY_DTYPES[name], shape, dense(t))
+    base = tl.Storage(np.arange(60, dtype=np.float32).tobytes(), "float32")
+    views = {
+        "full": tl.Tensor(base, (6, 10)),
+        "rows": tl.Tensor(base, (2, 10), offset=20),          # storage offset
+        "transposed": tl.Tensor(base, (10, 6), stride=(1, 10)),  # non-contiguous
+        "every_other": tl.Tensor(base, (3, 5), stride=(20, 2), offset=1),
+        "broadcast": tl.Tensor(base, (4, 3), stride=(0, 1), offset=7),  # overlapping
+        "scalar": tl.Tensor(base, (), offset=59),
+        "empty": tl.Tensor(base, (0, 4)),
+    }
+    for k, t in views.items():
+        sd["views." + k] = t
+        expect["model.views." + k] = ("F32", list(t.shape), dense(t))
+    obj = {"model": sd, "epoch": 7, "lr": 0.5, "name": "run-1",
+           "nested": {"deeper": {"t": tl.tensor(np.arange(4, dtype=np.int16))}}}
+    expect["nested.deeper.t"] = ("I16", [4], np.arange(4, dtype=np.int16).tobytes())
+    return obj, expect
+
+
+@needs_ferry
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_every_dtype_and_view_converts_bit_exactly(tmp_path, protocol):
+    obj, expect = sample_state_dict()
+    tl.torch_save(obj, tmp_path / "model.pt", protocol=protocol)
+    ferry("convert", tmp_path / "model.pt", tmp_path / "model.ferry")
+    got = ferry_bytes(tmp_path / "model.ferry")
+    assert got == expect
+    tf = _tensorferry()
+    md = tf.read_metadata(str(tmp_path / "model.ferry"))
+    assert md["epoch"] == "7" and md["lr"] == "0.5" and md["name"] == "run-1"
+
+
+@needs_ferry
+def test_python_convert_matches_the_command(tmp_path):
+    tf = _tensorferry()
+    obj, expect = sample_state_dict(1)
+    tl.torch_save(obj, tmp_path / "pytorch_model.bin")
+    tf.convert(tmp_path / "pytorch_model.bin", tmp_path / "py.ferry", encoding="shuffle_zstd")
+    assert ferry_bytes(tmp_path / "py.ferry") == expect
+
+
+def test_python_convert_never_uses_pickle(tmp_path):
+    """The conversion path imports neither pickle nor torch: run it with both unimportable."""
+    _tensorferry()
+    obj, expect = sample_state_dict(2)
+    tl.torch_save(obj, tmp_path / "m.pt")
+    code = (
+        "import sys\n"
+        "for m in ('pickle', '_pickle', 'torch', 'copyreg'):\n"
+        "    sys.modules[m] = None\n"
+        "import tensorferry\n"
+        "tensorferry.convert(sys.argv[1], sys.argv[2])\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "bindings", "python")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.pt"),
+                        str(tmp_path / "m.ferry")], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    assert ferry_bytes(tmp_path / "m.ferry") == expect
+
+
+@needs_ferry
+def test_to_safetensors_where_dtypes_allow(tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    obj, expect = sample_state_dict(3)
+    tl.torch_save(obj, tmp_path / "m.pt")
+    p = ferry("convert", tmp_path / "m.pt", tmp_path / "m.safetensors", expect=1)
+    assert "C128, which safetensors cannot represent" in p.stderr
+    del obj["model"]["dtypes.complex128"]
+    del expect["model.dtypes.complex128"]
+    tl.torch_save(obj, tmp_path / "m.pt")
+    ferry("convert", tmp_path / "m.pt", tmp_path / "m.safetensors")
+    with open(tmp_path / "m.safetensors", "rb") as f:
+        got = {n: bytes(v["data"]) for n, v in safetensors.deserialize(f.read())}
+    assert got == {n: v[2] for n, v in expect.items()}
+
+
+@needs_ferry
+def test_inspect_lists_tensors_views_and_devices(tmp_path):
+    a = np.arange(12, dtype=np.float32)
+    st = tl.Storage(a.tobytes(), "float32", location="cuda:3")
+    tl.torch_save({"w": tl.Tensor(st, (3, 4)), "wt": tl.Tensor(st, (4, 3), stride=(1, 4))},
+                  tmp_path / "m.pt")
+    p = ferry("inspect", tmp_path / "m.pt")
+    assert "torch.save (read without running its pickles)" in p.stdout
+    assert "wt  F32  [4, 3]  48 B  strided view (copied dense), saved from cuda:3" in p.stdout
+    j = json.loads(ferry("inspect", "--json", tmp_path / "m.pt").stdout)
+    assert [t["name"] for t in j["tensors"]] == ["w", "wt"]
+    assert j["tensors"][1]["stride"] == [1, 4] and j["tensors"][1]["saved_location"] == "cuda:3"
+
+
+@needs_ferry
+def test_sharded_bin_index_becomes_one_file(tmp_path):
+    w = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.int32),
+         "c": np.zeros(3, np.float64)}
+    tl.torch_save({"a": tl.tensor(w["a"]), "b": tl.tensor(w["b"])},
+                  tmp_path / "pytorch_model-00001-of-00002.bin")
+    tl.torch_save({"c": tl.tensor(w["c"])}, tmp_path / "pytorch_model-00002-of-00002.bin")
+    index = {"metadata": {"total_size": 48},
+             "weight_map": {"a": "pytorch_model-00001-of-00002.bin",
+                            "b": "pytorch_model-00001-of-00002.bin",
+                            "c": "pytorch_model-00002-of-00002.bin"}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    ferry("inspect", tmp_path / "pytorch_model.bin.index.json")
+    ferry("convert", tmp_path / "pytorch_model.bin.index.json", tmp_path / "m.ferry")
+    got = ferry_bytes(tmp_path / "m.ferry")
+    assert {n: v[2] for n, v in got.items()} == {n: a.tobytes() for n, a in w.items()}
+    index["weight_map"]["c"] = "pytorch_model-00001-of-00002.bin"
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    p = ferry("convert", tmp_path / "pytorch_model.bin.index.json", tmp_path / "x.ferry",
+              expect=1)
+    assert "weight_map puts tensor 'c' in shard" in p.stderr
+    assert not (tmp_path / "x.ferry").exists()
+
+
+@needs_ferry
+def test_dcp_folder(tmp_path):
+    w = {"layer.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+         "layer.bias": np.arange(3, dtype=np.int64)}
+    tl.dcp_save({k: tl.tensor(v) for k, v in w.items()}, tmp_path / "ckpt")
+    p = ferry("inspect", tmp_path / "ckpt")
+    assert "PyTorch DCP" in p.stdout
+    ferry("convert", tmp_path / "ckpt", tmp_path / "m.ferry")
+    got = ferry_bytes(tmp_path / "m.ferry")
+    assert {n: (v[1], v[2]) for n, v in got.items()} == {
+        n: (list(a.shape), a.tobytes()) for n, a in w.items()}
+
+
+@needs_ferry
+def test_dcp_tensor_in_several_chunks(tmp_path):
+    full = np.arange(40, dtype=np.float32).reshape(8, 5)
+    top, bottom = tl.tensor(full[:3]), tl.tensor(full[3:])
+    tl.dcp_save({"w": tl.tensor(full)}, tmp_path / "ckpt",
+                chunks={"w": [((0, 0), top), ((3, 0), bottom)]})
+    ferry("convert", tmp_path / "ckpt", tmp_path / "m.ferry")
+    assert ferry_bytes(tmp_path / "m.ferry")["w"] == ("F32", [8, 5], full.tobytes())
+    # Chunks that leave a hole are refused.
+    tl.dcp_save({"w": tl.tensor(full)}, tmp_path / "hole",
+                chunks={"w": [((0, 0), top), ((4, 0), tl.tensor(full[4:]))]})
+    p = ferry("convert", tmp_path / "hole", tmp_path / "h.ferry", expect=1)
+    assert "'w'" in p.stderr and "chunks" in p.stderr
+
+
+# ---- TransformerEngine extra state -------------------------------------------------------------
+
+RECIPES = [
+    (lambda: tl.recipe.DelayedScaling(margin=2, fp8_format=tl.recipe.Format.E4M3,
+                                      amax_history_len=4, amax_compute_algo="most_recent",
+                                      reduce_amax=False, fp8_dpa=True),
+     {"type": "DelayedScaling", "margin": 2, "fp8_format": "E4M3", "amax_history_len": 4,
+      "amax_compute_algo": "most_recent", "reduce_amax": False, "fp8_dpa": True,
+      "fp8_mha": False}),
+    (lambda: tl.recipe.Float8CurrentScaling(fp8_format=tl.recipe.Format.E5M2, fp8_mha=True),
+     {"type": "Float8CurrentScaling", "fp8_format": "E5M2", "fp8_dpa": False, "fp8_mha": True}),
+    (lambda: tl.recipe.MXFP8BlockScaling(), {"type": "MXFP8BlockScaling", "fp8_format": "E4M3"}),
+    (lambda: tl.recipe.Float8BlockScaling(x_block_scaling_dim=2),
+     {"type": "Float8BlockScaling", "fp8_format": "E4M3", "x_block_scaling_dim": 2,
+      "w_block_scaling_dim": 2, "grad_block_scaling_dim": 1}),
+    (lambda: tl.recipe.NVFP4BlockScaling(disable_rht=True),
+     {"type": "NVFP4BlockScaling", "disable_rht": True, "disable_stochastic_rounding": False,
+      "disable_2d_quantization": False}),
+]
+
+
+def _extra_state_forms(recipe_obj, num_gemms, seed):
+    """(form name, extra state value, arrays) for every TransformerEngine version."""
+    out = []
+    state, arrays = tl.te_state(recipe_obj, num_gemms=num_gemms, seed=seed, make=tl.plain_tensor)
+    out.append(("uint8 pickle (2.x)", tl.uint8_tensor(tl.plain_pickle(state)), arrays))
+    mk = lambda a: tl.plain_tensor(a, location="cuda:0")  # noqa: E731
+    state, arrays = tl.te_state(recipe_obj, num_gemms=num_gemms, seed=seed + 1, make=mk)
+    out.append(("uint8 pickle with CUDA tensors", tl.uint8_tensor(tl.plain_pickle(state)),
+                arrays))
+    state, arrays = tl.te_state(recipe_obj, num_gemms=num_gemms, seed=seed + 2,
+                                make=lambda a: tl.tensor(a, location="cuda:0"))
+    out.append(("io.BytesIO of torch.save (1.x)", io.BytesIO(tl.torch_save_bytes(state)), arrays))
+    state, arrays = tl.te_state(recipe_obj, num_gemms=num_gemms, seed=seed + 3,
+                                make=lambda a: tl.tensor(a, location="cuda:0"))
+    out.append(("CUDA tensors in the state dict", state, arrays))
+    return out
+
+
+@needs_ferry
+@pytest.mark.parametrize("recipe_index", range(len(RECIPES)))
+def test_extra_state_of_every_version_becomes_scaling_state(tmp_path, recipe_index):
+    tf = _tensorferry()
+    make_recipe, recipe_dict = RECIPES[recipe_index]
+    forms = _extra_state_forms(make_recipe(), num_gemms=2, seed=10 * recipe_index)
+    sd = collections.OrderedDict()
+    sd["fc.weight"] = tl.tensor(np.ones((2, 2), np.float32))
+    for k, (_, value, _) in enumerate(forms):
+        sd["layers.%d.fc._extra_state" % k] = value
+    sd["layers.9.norm._extra_state"] = tl.uint8_tensor(b"")      # stateless module
+    sd["layers.8.norm._extra_state"] = tl.uint8_tensor(tl.plain_pickle(None))
+    tl.torch_save(sd, tmp_path / "te.pt")
+    ferry("convert", tmp_path / "te.pt", tmp_path / "te.ferry")
+    got = tf.read_scaling_state(str(tmp_path / "te.ferry"))
+    assert set(got) == {"layers.%d.fc" % k for k in range(len(forms))} | {
+        "layers.9.norm", "layers.8.norm"}
+    assert got["layers.9.norm"] == {"recipe": None, "states": []}
+    assert got["layers.8.norm"] == {"recipe": None, "states": []}
+    for k, (form, _, arrays) in enumerate(forms):
+        entry = got["layers.%d.fc" % k]
+        assert entry["recipe"] == recipe_dict, form
+        fwd, bwd = entry["states"]
+        assert fwd["direction"] == "forward" and fwd["num_gemms"] == 2
+        assert fwd["slot_roles"] == ["input", "weight", "output"] * 2
+        assert bwd["slot_roles"] == ["grad_output", "grad_input"] * 2
+        np.testing.assert_array_equal(fwd["scale"], arrays["scale_fwd"], err_msg=form)
+        np.testing.assert_array_equal(fwd["amax_history"], arrays["amax_history_fwd"])
+        np.testing.assert_array_equal(bwd["scale"], arrays["scale_bwd"])
+        np.testing.assert_array_equal(bwd["amax_history"], arrays["amax_history_bwd"])
+    md = tf.read_metadata(str(tmp_path / "te.ferry"))
+    assert json.loads(md["transformer_engine.extra_fp8_variables.layers.0.fc"]) == {
+        "num_gemms": 2, "fp8_checkpoint": True, "fp8_max_fwd": 448.0}
+    assert list(ferry_bytes(tmp_path / "te.ferry")) == ["fc.weight"]
+
+
+def test_extra_state_builder_structure():
+    """tensorferry.torch's inverse: the dict a TransformerEngine module's set_extra_state reads,
+    built from the tables (checked here without torch)."""
+    from tensorferry import _te
+
+    rng = np.random.default_rng(0)
+    entry = {"recipe": {"type": "DelayedScaling", "margin": 0, "fp8_format": "HYBRID",
+                        "amax_history_len": 4, "amax_compute_algo": "max",
+                        "reduce_amax": True, "fp8_dpa": False, "fp8_mha": False},
+             "states": [{"direction": "forward", "num_gemms": 1,
+                         "slot_roles": ["input", "weight", "output"],
+                         "scale": rng.random(3, dtype=np.float32),
+                         "amax_history": rng.random((4, 3), dtype=np.float32)},
+                        {"direction": "backward", "num_gemms": 1,
+                         "slot_roles": ["grad_output", "grad_input"],
+                         "scale": rng.random(2, dtype=np.float32),
+                         "amax_history": rng.random((4, 2), dtype=np.float32)}]}
+    d = _te.extra_state_dict(entry, {"num_gemms": 1, "fp8_checkpoint": True},
+                             to_tensor=lambda a: a)
+    assert set(d) == {"scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd",
+                      "extra_fp8_variables"}
+    np.testing.assert_array_equal(d["amax_history_fwd"], entry["states"][0]["amax_history"])
+    assert d["extra_fp8_variables"] == {"num_gemms": 1, "fp8_checkpoint": True}
+    assert _te.extra_state_dict({"recipe": None, "states": []}, None, to_tensor=lambda a: a) \
+        is None
+
+
+# ---- hostile and malformed inputs ------------------------------------------------------------
+
+class _System:
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+def _raw_pickle_zip(pkl, storages=None, root="archive"):
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(root + "/data.pkl", pkl)
+        for k, v in (storages or {}).items():
+            z.writestr(root + "/data/" + k, v)
+    return out.getvalue()
+
+
+def _hostile_cases(marker):
+    cmd = "touch " + marker
+    cases = {}
+    cases["os.system via REDUCE"] = (
+        _raw_pickle_zip(pickle.dumps({"w": _System(cmd)}, protocol=2)),
+        ["refused global 'posix.system'", "byte"])
+    cases["os.system via STACK_GLOBAL from memo"] = (
+        _raw_pickle_zip(pickle.dumps([_System(cmd), _System(cmd)], protocol=4)),
+        ["refused global 'posix.system'"])
+    # Nested: the callable hides inside a tensor's arguments.
+    t = tl.tensor(np.ones(2, np.float32))
+    t.offset = _System(cmd)
+    cases["global nested in tensor arguments"] = (
+        tl.torch_save_bytes({"w": t}), ["refused global 'posix.system'"])
+    cases["builtins.eval"] = (
+        _raw_pickle_zip(b"\x80\x02cbuiltins\neval\nX\x08\x00\x00\x00__import__\x85R."),
+        ["refused global 'builtins.eval'"])
+    cases["INST"] = (_raw_pickle_zip(b"\x80\x02(X\x01\x00\x00\x00xios\nsystem\n."),
+                     ["refused opcode INST"])
+    cases["OBJ"] = (_raw_pickle_zip(b"\x80\x02(ctorch\nSize\no."), ["refused opcode OBJ"])
+    cases["NEWOBJ of an allowed callable"] = (
+        _raw_pickle_zip(b"\x80\x02ccollections\nOrderedDict\n)\x81."),
+        ["NEWOBJ of 'collections.OrderedDict'"])
+    cases["BUILD on a plain value"] = (_raw_pickle_zip(b"\x80\x02K\x01}b."),
+                                       ["BUILD on a value"])
+    cases["huge length prefix"] = (
+        _raw_pickle_zip(b"\x80\x04\x8d" + struct.pack("<Q", 1 << 62) + b"x."),
+        ["truncated pickle"])
+    cases["deep MARK nesting"] = (_raw_pickle_zip(b"\x80\x02" + b"(" * 5000 + b"."),
+                                  ["MARKs nested deeper than"])
+    cases["self-referencing dict"] = (
+        _raw_pickle_zip(b"\x80\x02}q\x00X\x01\x00\x00\x00ah\x00s."), ["nests deeper than 64"])
+    cases["protocol 0"] = (_raw_pickle_zip(b"(dp0\n."), ["only protocols 2 to 5"])
+    # Storages that point outside their data.
+    big = tl.Tensor(tl.Storage(np.ones(4, np.float32).tobytes(), "float32"), (4, 4))
+    cases["tensor past its storage"] = (tl.torch_save_bytes({"w": big}),
+                                        ["reaches byte 64 of storage '0', which holds 16"])
+    pid_pkl = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(X\x07\x00\x00\x00storage"
+               b"ctorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ\x00\x00\x00\x01"
+               b"tQK\x00K\x01\x85K\x01\x85\x89ccollections\nOrderedDict\n)Rtr.")
+    cases["storage numel larger than its entry"] = (
+        _raw_pickle_zip(pid_pkl, {"0": b"\0" * 16}), ["claims 67108864 bytes; its entry holds 16"])
+    cases["storage without an entry"] = (_raw_pickle_zip(pid_pkl),
+                                         ["has no entry 'archive/data/0'"])
+    # Zip-level: a compressed data.pkl (a bomb would be compressed), overlapping entries,
+    # an entry count the directory cannot hold, a truncated archive.
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}." + b"\0" * 100000)
+    cases["compressed entry"] = (out.getvalue(), ["is compressed"])
+    good = tl.torch_save_bytes({"w": tl.tensor(np.ones(3, np.float32))})
+    cd = good.rfind(b"PK\x01\x02")  # last central directory entry: point it at the first local header
+    overlap = bytearray(good)
+    overlap[cd + 42:cd + 46] = b"\0\0\0\0"
+    cases["overlapping entries"] = (bytes(overlap), ["disagrees", "overlap"])
+    eocd = good.rfind(b"PK\x05\x06")
+    many = bytearray(good)
+    many[eocd + 10:eocd + 12] = b"\xff\xfe"
+    cases["entry count past the directory"] = (bytes(many), ["entries in"])
+    cases["truncated archive"] = (good[:len(good) // 2], ["no zip end of central directory"])
+    legacy = io.BytesIO()
+    pickle.dump(0x1950a86a20f9469cfc6c, legacy, protocol=2)
+    cases["legacy torch.save"] = (legacy.getvalue() + b"\0" * 32, ["legacy torch.save file"])
+    return cases
+
+
+@needs_ferry
+def test_hostile_pickles_are_refused_and_nothing_runs(tmp_path):
+    marker = str(tmp_path / "pwned")
+    for name, (blob, messages) in _hostile_cases(marker).items():
+        path = tmp_path / "hostile.pt"
+        path.write_bytes(blob)
+        for cmd in ("inspect", "convert"):
+            args = [cmd, path] + ([tmp_path / "out.ferry"] if cmd == "convert" else [])
+            p = subprocess.run([FERRY, *map(str, args)], capture_output=True, text=True,
+                               timeout=60)
+            assert p.returncode == 1, (name, p.stdout, p.stderr)
+            assert "hostile.pt" in p.stderr, (name, p.stderr)
+            assert any(m in p.stderr for m in messages), (name, p.stderr)
+            assert "Internal" not in p.stderr
+        assert not os.path.exists(marker), name
+        assert not (tmp_path / "out.ferry").exists()
+    # The Python entry point refuses the same way.
+    tf = _tensorferry()
+    path.write_bytes(_hostile_cases(marker)["os.system via REDUCE"][0])
+    with pytest.raises(tf.DataLossError, match="refused global 'posix.system'"):
+        tf.convert(path, tmp_path / "out.ferry")
+    assert not os.path.exists(marker)
+
+
+# ---- checkpoints written by the real torch (tests/data/torch, made by make_fixtures.py) -------
+
+def _manifest():
+    path = os.path.join(FIXTURES, "manifest.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+@needs_ferry
+def test_real_torch_fixtures(tmp_path):
+    manifest = _manifest()
+    if manifest is None:
+        pytest.skip("no fixtures from the real torch under tests/data/torch")
+    tf = _tensorferry()
+    import hashlib
+
+    for case in manifest["cases"]:
+        src = os.path.join(FIXTURES, case["path"])
+        out = tmp_path / (case["name"] + ".ferry")
+        if case.get("error"):
+            p = ferry("convert", src, out, expect=1)
+            assert case["error"] in p.stderr, (case["name"], p.stderr)
+            continue
+        ferry("convert", src, out)
+        got = ferry_bytes(out)
+        assert sorted(got) == sorted(case["tensors"]), case["name"]
+        for name, want in case["tensors"].items():
+            dtype, shape, data = got[name]
+            assert dtype == want["dtype"] and shape == want["shape"], (case["name"], name)
+            assert hashlib.sha256(data).hexdigest() == want["sha256"], (case["name"], name)
+        if "scaling" in case:
+            state = tf.read_scaling_state(str(out))
+            stateless = case.get("stateless", [])
+            assert sorted(state) == sorted(list(case["scaling"]) + stateless), case["name"]
+            for module in stateless:
+                assert state[module] == {"recipe": None, "states": []}
+            for module, want in case["scaling"].items():
+                got_states = state[module]["states"]
+                assert [s["direction"] for s in got_states] == [w["direction"] for w in want]
+                for s, w in zip(got_states, want):
+                    np.testing.assert_array_equal(s["scale"], np.array(w["scale"], np.float32))
+                    np.testing.assert_array_equal(
+                        s["amax_history"], np.array(w["amax_history"], np.float32))
+
+
+def test_python_convert_of_safetensors_and_ferry_inputs(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    tf = _tensorferry()
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.int64)}
+    safetensors_numpy.save_file(arrays, str(tmp_path / "m.safetensors"), metadata={"k": "v"})
+    tf.convert(tmp_path / "m.safetensors", tmp_path / "m.ferry", encoding="zstd")
+    tf.convert(tmp_path / "m.ferry", tmp_path / "again.ferry")
+    got = ferry_bytes(tmp_path / "again.ferry")
+    assert {n: v[2] for n, v in got.items()} == {n: a.tobytes() for n, a in arrays.items()}
+    assert tf.read_metadata(str(tmp_path / "again.ferry"))["k"] == "v"
+    with pytest.raises(tf.UnimplementedError, match="ferry convert"):
+        tf.convert(tmp_path / "m.ferry", tmp_path / "x.safetensors")
+    with pytest.raises(tf.NotFoundError):
+        tf.convert(tmp_path / "missing.pt", tmp_path / "y.ferry")
