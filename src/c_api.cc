@@ -40,6 +40,14 @@ struct ferry_writer_t {
   bool spent = false;  // committed, or commit failed: the Writer must not be used again
 };
 
+struct ferry_staging_pool_t {
+  std::shared_ptr<ferry::StagingPool> pool;
+};
+
+struct ferry_save_t {
+  ferry::SaveHandle handle;
+};
+
 namespace {
 
 // One scaling state in C form. Heap-allocated and never moved, because the C structs it hands
@@ -884,6 +892,9 @@ int ToWriterOptions(const char* path, const ferry_writer_options_t* options, con
   if (FERRY_C_HAS(options, producer) && options->producer != nullptr) {
     o->producer = options->producer;
   }
+  if (FERRY_C_HAS(options, staging_pool) && options->staging_pool != nullptr) {
+    o->staging = options->staging_pool->pool;
+  }
   return FERRY_OK;
 }
 }  // namespace
@@ -944,6 +955,47 @@ int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, int32_t dt
                     : writer->writer.AddTensor(name, dt, dims, data, nbytes,
                                                static_cast<ferry::Encoding>(encoding));
     return Report(st, error);
+  });
+}
+
+int ferry_writer_add_device_tensor_async(ferry_writer_t* writer, const char* name, int32_t dtype,
+                                         const int64_t* shape, int32_t ndim, const void* data,
+                                         uint64_t nbytes, int32_t encoding, void* stream,
+                                         ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(writer);
+    FERRY_C_REQUIRE(name);
+    if (writer->spent) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
+    }
+    if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                                ": bad shape (ndim ", ndim, ")"));
+    }
+    if (!ValidDType(dtype)) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                                ": unknown dtype ", dtype));
+    }
+    int rc = CheckEncoding(encoding, fn, error);
+    if (rc != FERRY_OK) return rc;
+    std::vector<int64_t> dims(shape, shape + ndim);
+    auto dt = static_cast<ferry::DType>(dtype);
+    auto s = static_cast<ferry::Stream>(stream);
+    Status st = encoding == FERRY_ENCODING_DEFAULT
+                    ? writer->writer.AddDeviceTensor(name, dt, dims, data, nbytes, s)
+                    : writer->writer.AddDeviceTensor(name, dt, dims, data, nbytes, s,
+                                                     static_cast<ferry::Encoding>(encoding));
+    return Report(st, error);
+  });
+}
+
+int ferry_writer_wait_snapshot(ferry_writer_t* writer, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(writer);
+    return Report(writer->writer.WaitSnapshot(), error);
   });
 }
 
@@ -1098,6 +1150,94 @@ int ferry_writer_commit(ferry_writer_t* writer, ferry_error_t* error) {
     }
     writer->spent = true;
     return Report(writer->writer.Commit(), error);
+  });
+}
+
+int ferry_writer_commit_async(ferry_writer_t* writer, ferry_save_t** out, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(writer);
+    FERRY_C_REQUIRE(out);
+    if (writer->spent) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
+    }
+    writer->spent = true;
+    auto h = writer->writer.CommitAsync();
+    if (!h.ok()) return Report(h.status(), error);
+    *out = new ferry_save_t{std::move(h).value()};
+    return FERRY_OK;
+  });
+}
+
+int ferry_save_wait(ferry_save_t* save, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(save);
+    return Report(save->handle.Wait(), error);
+  });
+}
+
+int ferry_save_done(const ferry_save_t* save) {
+  try {
+    return save == nullptr || save->handle.done() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+void ferry_save_free(ferry_save_t* save) {
+  if (save == nullptr) return;
+  try {
+    delete save;  // ~SaveHandle waits for the save
+  } catch (...) {
+  }
+}
+
+int ferry_staging_pool_create(uint64_t bytes, int32_t pin, ferry_staging_pool_t** out,
+                              ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(out);
+    auto pool = ferry::StagingPool::Create(bytes, pin != 0);
+    if (!pool.ok()) return Report(pool.status(), error);
+    *out = new ferry_staging_pool_t{std::move(pool).value()};
+    return FERRY_OK;
+  });
+}
+
+uint64_t ferry_staging_pool_bytes(const ferry_staging_pool_t* pool) {
+  return pool != nullptr ? pool->pool->bytes() : 0;
+}
+
+void ferry_staging_pool_free(ferry_staging_pool_t* pool) {
+  if (pool == nullptr) return;
+  try {
+    delete pool;
+  } catch (...) {
+  }
+}
+
+int ferry_write_shard_index(const char* index_path, const char* const* shard_files,
+                            size_t num_files, const char* const* metadata_keys,
+                            const char* const* metadata_values, size_t num_metadata,
+                            ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(index_path);
+    if (num_files > 0 && shard_files == nullptr) return NullArg(error, fn, "shard_files");
+    if (num_metadata > 0 && (metadata_keys == nullptr || metadata_values == nullptr)) {
+      return NullArg(error, fn, "metadata_keys");
+    }
+    std::vector<std::string> files;
+    for (size_t i = 0; i < num_files; ++i) {
+      if (shard_files[i] == nullptr) return NullArg(error, fn, "shard_files[i]");
+      files.emplace_back(shard_files[i]);
+    }
+    std::vector<std::pair<std::string, std::string>> md;
+    for (size_t i = 0; i < num_metadata; ++i) {
+      if (metadata_keys[i] == nullptr || metadata_values[i] == nullptr) {
+        return NullArg(error, fn, "metadata_keys[i]");
+      }
+      md.emplace_back(metadata_keys[i], metadata_values[i]);
+    }
+    return Report(ferry::WriteShardIndex(index_path, files, md), error);
   });
 }
 

@@ -728,7 +728,82 @@ DistributedStats DistributedLoader::last_stats() const {
   return impl_->stats;
 }
 
+namespace {
+
+// What NcclSaveGroup's all-reduce needs, alive as long as any copy of the group.
+struct NcclReducer {
+  NcclComm comm = nullptr;
+  const NcclApi* nccl = nullptr;
+  CUcontext ctx = nullptr;
+  cudaStream_t stream = nullptr;
+  uint64_t* scratch = nullptr;  // kWords in, kWords out
+  static constexpr size_t kWords = 16;
+  std::mutex mu;
+
+  ~NcclReducer() {
+    ScopedContext scope(ctx);
+    if (scratch != nullptr) cudaFree(scratch);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  Status AllReduceMax(uint64_t* words, size_t count) {
+    std::lock_guard<std::mutex> lock(mu);
+    ScopedContext scope(ctx);
+    for (size_t at = 0; at < count; at += kWords) {
+      const size_t n = std::min(kWords, count - at);
+      FERRY_CUDA_RETURN(cudaMemcpyAsync(scratch, words + at, n * 8, cudaMemcpyHostToDevice, stream),
+                        "save group");
+      FERRY_RETURN_IF_ERROR(NcclStatus(
+          *nccl, comm,
+          nccl->all_reduce(scratch, scratch + kWords, n, kNcclUint64, kNcclMax, comm, stream),
+          "all-reduce"));
+      FERRY_CUDA_RETURN(
+          cudaMemcpyAsync(words + at, scratch + kWords, n * 8, cudaMemcpyDeviceToHost, stream),
+          "save group");
+      FERRY_CUDA_RETURN(cudaStreamSynchronize(stream), "save group");
+    }
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Result<SaveGroup> NcclSaveGroup(NcclComm comm, const std::string& nccl_library) {
+  if (comm == nullptr)
+    return Error(StatusCode::kInvalidArgument, "NcclSaveGroup: null communicator");
+  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl, LoadNccl(nccl_library));
+  auto r = std::make_shared<NcclReducer>();
+  r->comm = comm;
+  r->nccl = nccl;
+  int comm_dev = -1, dev = -1;
+  FERRY_CUDA_RETURN(cudaGetDevice(&dev), "NcclSaveGroup");
+  FERRY_RETURN_IF_ERROR(
+      NcclStatus(*nccl, comm, nccl->comm_cu_device(comm, &comm_dev), "comm device"));
+  if (comm_dev != dev) {
+    return Error(StatusCode::kInvalidArgument, "NcclSaveGroup: the communicator's device is ",
+                 comm_dev, " but device ", dev, " is current; make device ", comm_dev,
+                 " current first");
+  }
+  SaveGroup g;
+  FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->comm_count(comm, &g.nranks), "comm count"));
+  FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->comm_user_rank(comm, &g.rank), "comm rank"));
+  FERRY_CUDA_RETURN(cudaFree(nullptr), "NcclSaveGroup");
+  if (Driver().ok) Driver().ctx_get_current(&r->ctx);
+  FERRY_CUDA_RETURN(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking), "NcclSaveGroup");
+  void* scratch = nullptr;
+  FERRY_CUDA_RETURN(cudaMalloc(&scratch, 2 * NcclReducer::kWords * sizeof(uint64_t)),
+                    "NcclSaveGroup");
+  r->scratch = static_cast<uint64_t*>(scratch);
+  g.all_reduce_max = [r](uint64_t* words, size_t count) { return r->AllReduceMax(words, count); };
+  return g;
+}
+
 #else  // !FERRY_HAVE_CUDA
+
+Result<SaveGroup> NcclSaveGroup(NcclComm, const std::string&) {
+  return Error(StatusCode::kUnimplemented,
+               "this build of TensorFerry has no CUDA support, so no NCCL save group");
+}
 
 class DistributedLoader::Impl {};
 

@@ -123,6 +123,23 @@ Status File::Sync() {
   return Status::Ok();
 }
 
+Status File::PWriteAll(const void* data, size_t size, uint64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    size_t n = size < (size_t{1} << 30) ? size : (size_t{1} << 30);
+    ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path_, StrCat("write at offset ", offset).c_str());
+    }
+    if (w == 0) return Error(StatusCode::kIoError, path_, ": write made no progress");
+    p += w;
+    size -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
 Result<uint64_t> File::Size() const {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, path_, "fstat");

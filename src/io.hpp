@@ -35,6 +35,8 @@ class File {
   bool is_open() const { return fd_ >= 0; }
 
   Status WriteAll(const void* data, size_t size);
+  // Writes all `size` bytes at `offset` (pwrite: safe from several threads at once).
+  Status PWriteAll(const void* data, size_t size, uint64_t offset);
   Status PReadAll(void* dst, size_t size, uint64_t offset) const;
   Status Sync();
   Result<uint64_t> Size() const;

@@ -695,6 +695,95 @@ static void test_errors(const char* path) {
   }
 }
 
+/* An asynchronous save through a staging pool, then a sharded index over two files. */
+static void test_async_and_shards(void) {
+  ferry_error_t err;
+  ferry_staging_pool_t* pool = NULL;
+  ferry_writer_options_t opts;
+  ferry_writer_t* w = NULL;
+  ferry_save_t* save = NULL;
+  ferry_reader_t* r = NULL;
+  char path[600], a[600], b[600], index[600];
+  const char* files[2] = {"c_api_a.ferry", "c_api_b.ferry"};
+  const char* keys[1] = {"step"};
+  const char* values[1] = {"5"};
+  int64_t shape[1] = {3000};
+  uint16_t copy[3000];
+  float out[6][4];
+  int64_t s = 4;
+
+  CHECK(ferry_staging_pool_create(100, 0, &pool, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_staging_pool_create(1 << 16, 0, &pool, &err) == FERRY_OK);
+  CHECK(ferry_staging_pool_bytes(pool) == (1 << 16));
+  path_of(path, sizeof(path), "c_api_async.ferry");
+  ferry_writer_options_init(&opts);
+  opts.staging_pool = pool;
+  opts.block_size = 4096;
+  opts.durable = 0;
+  CHECK(ferry_writer_create(path, &opts, &w, &err) == FERRY_OK);
+  ferry_staging_pool_free(pool); /* the writer keeps its own reference */
+  memcpy(copy, g_bf16, sizeof(copy));
+  CHECK(ferry_writer_add_tensor(w, "bf16", FERRY_DTYPE_BF16, shape, 1, copy, sizeof(copy),
+                                FERRY_ENCODING_SHUFFLE_ZSTD, &err) == FERRY_OK);
+  memset(copy, 0, sizeof(copy)); /* snapshotted: the file keeps the original */
+  CHECK(ferry_writer_add_tensor(w, "matrix", FERRY_DTYPE_F32, (const int64_t[]){6, 4}, 2,
+                                g_matrix, sizeof(g_matrix), FERRY_ENCODING_DEFAULT,
+                                &err) == FERRY_OK);
+  CHECK(ferry_writer_wait_snapshot(w, &err) == FERRY_OK);
+  CHECK(ferry_writer_commit_async(w, NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_writer_commit_async(w, &save, &err) == FERRY_OK);
+  CHECK(ferry_writer_commit_async(w, &save, &err) == FERRY_INVALID_ARGUMENT);
+  ferry_writer_free(w);
+  CHECK(ferry_save_wait(save, &err) == FERRY_OK);
+  CHECK(ferry_save_done(save) == 1);
+  CHECK(ferry_save_wait(save, &err) == FERRY_OK);
+  ferry_save_free(save);
+  ferry_save_free(NULL);
+  CHECK(ferry_save_done(NULL) == 1);
+  CHECK(ferry_reader_open(path, NULL, &r, &err) == FERRY_OK);
+  if (r != NULL) {
+    CHECK(ferry_reader_read_into(r, "bf16", copy, sizeof(copy), FERRY_READ_VERIFY, &err) ==
+          FERRY_OK);
+    CHECK(memcmp(copy, g_bf16, sizeof(copy)) == 0);
+    CHECK(ferry_reader_read_into(r, "matrix", out, sizeof(out), 0, &err) == FERRY_OK);
+    CHECK(memcmp(out, g_matrix, sizeof(out)) == 0);
+    ferry_reader_free(r);
+  }
+  remove(path);
+
+  /* Without a GPU (or without CUDA), a device tensor is refused with a clear error. */
+  CHECK(ferry_writer_create(path, NULL, &w, &err) == FERRY_OK);
+  if (!ferry_cuda_available()) {
+    int rc = ferry_writer_add_device_tensor_async(w, "dev", FERRY_DTYPE_I64, NULL, 0, &s,
+                                                  sizeof(s), FERRY_ENCODING_DEFAULT, NULL, &err);
+    CHECK(rc == FERRY_UNIMPLEMENTED || rc == FERRY_CUDA_ERROR);
+    CHECK(contains(err.message, "'dev'"));
+  }
+  ferry_writer_free(w);
+
+  path_of(a, sizeof(a), files[0]);
+  path_of(b, sizeof(b), files[1]);
+  path_of(index, sizeof(index), "c_api.ferry.index.json");
+  CHECK(ferry_writer_create(a, NULL, &w, &err) == FERRY_OK);
+  CHECK(ferry_writer_add_tensor(w, "x", FERRY_DTYPE_I64, NULL, 0, &s, 8, -1, &err) == FERRY_OK);
+  CHECK(ferry_writer_commit(w, &err) == FERRY_OK);
+  ferry_writer_free(w);
+  CHECK(ferry_writer_create(b, NULL, &w, &err) == FERRY_OK);
+  CHECK(ferry_writer_add_tensor(w, "y", FERRY_DTYPE_I64, NULL, 0, &s, 8, -1, &err) == FERRY_OK);
+  CHECK(ferry_writer_commit(w, &err) == FERRY_OK);
+  ferry_writer_free(w);
+  CHECK(ferry_write_shard_index(index, files, 2, keys, values, 1, &err) == FERRY_OK);
+  CHECK(file_exists(index));
+  CHECK(ferry_write_shard_index(index, NULL, 2, NULL, NULL, 0, &err) == FERRY_INVALID_ARGUMENT);
+  files[1] = files[0];
+  CHECK(ferry_write_shard_index(index, files, 2, NULL, NULL, 0, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "'x'"));
+  remove(a);
+  remove(b);
+  remove(index);
+}
+
+
 /* A sharded index over the test checkpoint; its tensors are found in shard 0. */
 static void test_sharded(const char* ckpt) {
   char index[600];
@@ -783,6 +872,7 @@ int main(int argc, char** argv) {
   }
   test_split_plan();
   remove(path);
+  test_async_and_shards();
 
   printf("c_api_test: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;

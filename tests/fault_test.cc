@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -24,8 +25,10 @@
 #include "codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "ferry/sharded.hpp"
 #include "io.hpp"
 #include "safetensors.hpp"
+#include "save_group.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -182,6 +185,195 @@ TEST(FaultTest, KilledWriterLeavesOldOrNewCheckpoint) {
   RecordProperty("completed", completed);
   RecordProperty("killed", killed);
   EXPECT_GT(killed, 0);
+}
+
+// Kills a child running write(generation, durable) at random points of a save, `rounds` times;
+// after each, check() must find the previous generation or the new one complete, and
+// leftover(name) must accept every file in `dir` besides those check() needs.
+void KillRounds(const std::string& dir, const std::function<Status(uint64_t, bool)>& write,
+                const std::function<uint64_t()>& check,
+                const std::function<bool(const std::string&)>& allowed, int rounds) {
+  auto run_child = [&](uint64_t generation, bool durable) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      Status st = write(generation, durable);
+      if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      ::_exit(st.ok() ? 0 : 1);
+    }
+    return pid;
+  };
+  auto full = std::chrono::steady_clock::duration::max();
+  uint64_t current = 0;
+  for (uint64_t generation : {2, 3}) {
+    auto t0 = std::chrono::steady_clock::now();
+    pid_t pid = run_child(generation, false);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    full = std::min(full, std::chrono::steady_clock::now() - t0);
+    current = check();
+    ASSERT_EQ(current, generation);
+  }
+  std::mt19937_64 rng(20261130);
+  const auto full_us = std::chrono::duration_cast<std::chrono::microseconds>(full).count();
+  int killed = 0;
+  for (uint64_t round = 4; round < 4 + static_cast<uint64_t>(rounds); ++round) {
+    const bool durable = round % 4 == 0;
+    const auto delay = std::chrono::microseconds(rng() % static_cast<uint64_t>(full_us + 1));
+    int status = 0;
+    pid_t pid = run_child(round, durable);
+    ASSERT_GT(pid, 0);
+    std::this_thread::sleep_for(delay);
+    ::kill(pid, SIGKILL);
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    if (WIFEXITED(status)) {
+      ASSERT_EQ(WEXITSTATUS(status), 0) << "round " << round;
+    } else {
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+      ++killed;
+    }
+    uint64_t now = check();
+    ASSERT_TRUE(now == current || now == round)
+        << "round " << round << " left generation " << now << " (before: " << current << ")";
+    if (WIFEXITED(status)) EXPECT_EQ(now, round);
+    current = now;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      EXPECT_TRUE(allowed(e.path().filename().string())) << e.path();
+    }
+  }
+  EXPECT_GT(killed, 0);
+}
+
+TEST(FaultTest, KilledAsyncWriterLeavesOldOrNewCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.File("model.ferry");
+  ASSERT_TRUE(WriteGeneration(path, kLarge, 1, true).ok());
+  // A staging pool much smaller than the checkpoint: adds wait for writes, and the background
+  // commit still has blocks to write when CommitAsync returns.
+  auto write = [&](uint64_t generation, bool durable) -> Status {
+    auto pool = StagingPool::Create(4 << 20);
+    if (!pool.ok()) return pool.status();
+    WriterOptions o;
+    o.durable = durable;
+    o.threads = 2;
+    o.block_size = 1 << 20;
+    o.staging = *pool;
+    auto w = Writer::Create(path, o);
+    if (!w.ok()) return w.status();
+    for (size_t k = 0; k < kLarge.size(); ++k) {
+      auto bytes = Content(kLarge[k], generation, k);
+      Status st = w->AddTensor(kLarge[k].name, kLarge[k].dtype, kLarge[k].shape, bytes.data(),
+                               bytes.size(), kLarge[k].encoding);
+      if (!st.ok()) return st;
+    }
+    Status st = w->SetMetadata("generation", std::to_string(generation));
+    if (!st.ok()) return st;
+    auto h = w->CommitAsync();
+    if (!h.ok()) return h.status();
+    return h->Wait();
+  };
+  KillRounds(
+      dir.path(), write, [&] { return CheckComplete(path, kLarge); },
+      [&](const std::string& name) {
+        if (name == "model.ferry") return true;
+        if (name.rfind("model.ferry.tmp.", 0) == 0) {
+          fs::remove(dir.File(name));  // a killed writer cannot remove its temporary file
+          return true;
+        }
+        return false;
+      },
+      16);
+}
+
+TEST(FaultTest, KilledShardedSaveLeavesOldOrNewCheckpoint) {
+  TempDir dir;
+  const std::string index = dir.File("model.ferry.index.json");
+  constexpr int kRanks = 2;
+  // Rank r holds kLarge's tensors under "r<r>/"; the ranks are threads of the child.
+  auto write = [&](uint64_t generation, bool durable) -> Status {
+    testing::ThreadGroup group(kRanks);
+    std::vector<Status> results(kRanks);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < kRanks; ++rank) {
+      threads.emplace_back([&, rank] {
+        ShardedSaveOptions o;
+        o.writer.durable = durable;
+        o.writer.threads = 1;
+        o.writer.block_size = 1 << 20;
+        o.metadata = {{"generation", std::to_string(generation)}};
+        auto save = ShardedSave::Begin(index, group.Rank(rank), o);
+        if (!save.ok()) {
+          results[rank] = save.status();
+          return;
+        }
+        for (size_t k = 0; k < kLarge.size(); ++k) {
+          auto bytes = Content(kLarge[k], generation * 10 + rank, k);
+          Status st = (*save)->writer().AddTensor("r" + std::to_string(rank) + "/" + kLarge[k].name,
+                                                  kLarge[k].dtype, kLarge[k].shape, bytes.data(),
+                                                  bytes.size(), kLarge[k].encoding);
+          if (!st.ok()) results[rank] = st;
+        }
+        // Odd generations commit in the background.
+        if (generation % 2) {
+          Status st = (*save)->CommitAsync();
+          Status fin = (*save)->Finish();
+          results[rank] = st.ok() ? fin : st;
+        } else {
+          Status st = (*save)->Commit();
+          if (results[rank].ok()) results[rank] = st;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& st : results) {
+      if (!st.ok()) return st;
+    }
+    return Status::Ok();
+  };
+  ASSERT_TRUE(write(1, true).ok());
+  auto check = [&]() -> uint64_t {
+    auto ck = ShardedCheckpoint::Open(index, {true});
+    EXPECT_TRUE(ck.ok()) << ck.status().ToString();
+    if (!ck.ok()) return UINT64_MAX;
+    uint64_t generation = UINT64_MAX;
+    for (const auto& [k, v] : (*ck)->metadata()) {
+      if (k == "generation") generation = std::stoull(v);
+    }
+    EXPECT_EQ((*ck)->num_tensors(), kRanks * kLarge.size());
+    for (int rank = 0; rank < kRanks; ++rank) {
+      for (size_t k = 0; k < kLarge.size(); ++k) {
+        std::string name = "r" + std::to_string(rank) + "/" + kLarge[k].name;
+        auto loc = (*ck)->Find(name);
+        EXPECT_TRUE(loc.ok()) << name;
+        if (!loc.ok()) return UINT64_MAX;
+        auto want = Content(kLarge[k], generation * 10 + rank, k);
+        std::vector<uint8_t> got(want.size());
+        EXPECT_TRUE((*ck)->shard(loc->shard)->ReadInto(name, got.data(), got.size()).ok());
+        EXPECT_EQ(got, want) << name;
+      }
+    }
+    return generation;
+  };
+  KillRounds(
+      dir.path(), write, check,
+      [&](const std::string& name) {
+        if (name == "model.ferry.index.json") return true;
+        if (name.rfind("model.ferry.index.json.tmp.", 0) == 0) {
+          fs::remove(dir.File(name));  // the index's temporary file, of a kill while it was made
+          return true;
+        }
+        // Shards of the checkpoint in use, or orphans of a killed save (and temporary files),
+        // which a later save's cleanup or an operator removes; drop them so rounds stay small.
+        if (name.rfind("model-", 0) != 0) return false;
+        auto ck = ShardedCheckpoint::Open(index);
+        bool used = false;
+        for (size_t i = 0; ck.ok() && i < (*ck)->num_shards(); ++i) {
+          used = used || (*ck)->shard_name(i) == name;
+        }
+        if (!used) fs::remove(dir.File(name));
+        return true;
+      },
+      12);
 }
 
 // ---- (b) out of space: RLIMIT_FSIZE makes write() fail with EFBIG -------------------------

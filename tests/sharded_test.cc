@@ -6,10 +6,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <thread>
 
 #include "ferry_generated.h"
 #include "footer.hpp"
 #include "format.hpp"
+#include "save_group.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -311,6 +314,145 @@ TEST(ShardedTest, FromReader) {
   EXPECT_EQ(ck->shard_name(0), "one.ferry");
   EXPECT_EQ(ck->names(), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(ck->Find("b")->info.index, 1u);
+}
+
+// ---- ShardedSave: ranks as threads ---------------------------------------------------------
+
+std::set<std::string> Files(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
+
+// Every rank saves tensors "r<rank>.<k>" with content from (generation, rank, k).
+std::vector<Status> SaveGeneration(const std::string& index, int nranks, uint64_t generation,
+                                   bool async, int fail_rank = -1) {
+  testing::ThreadGroup group(nranks);
+  std::vector<Status> results(nranks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < nranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      ShardedSaveOptions o;
+      o.writer.durable = false;
+      o.writer.block_size = 4096;
+      o.metadata = {{"generation", std::to_string(generation)}};
+      auto save = ShardedSave::Begin(index, group.Rank(rank), o);
+      if (!save.ok()) {
+        results[rank] = save.status();
+        return;
+      }
+      for (int k = 0; k < 3; ++k) {
+        auto bytes = RandomBytes(5000 + 3000 * k, generation * 100 + rank * 10 + k);
+        Status st = (*save)->writer().AddTensor(
+            "r" + std::to_string(rank) + "." + std::to_string(k), DType::kU8,
+            {static_cast<int64_t>(bytes.size())}, bytes.data(), bytes.size(),
+            k == 1 ? Encoding::kZstd : Encoding::kRaw);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+      }
+      if (rank == fail_rank) {
+        // A shard that cannot be committed: its temporary file's directory entry is taken.
+        std::filesystem::create_directory((*save)->shard_path());
+        std::ofstream((*save)->shard_path() + "/x") << "x";
+      }
+      if (async) {
+        Status st = (*save)->CommitAsync();
+        results[rank] = (*save)->Finish();
+        if (!st.ok()) results[rank] = st;
+      } else {
+        results[rank] = (*save)->Commit();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+void ExpectGeneration(const std::string& index, int nranks, uint64_t generation) {
+  auto ck = ShardedCheckpoint::Open(index, {true});
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  EXPECT_EQ((*ck)->num_shards(), static_cast<size_t>(nranks));
+  ASSERT_EQ((*ck)->num_tensors(), static_cast<size_t>(3 * nranks));
+  bool has = false;
+  for (const auto& [k, v] : (*ck)->metadata()) {
+    if (k == "generation") {
+      EXPECT_EQ(v, std::to_string(generation));
+      has = true;
+    }
+  }
+  EXPECT_TRUE(has);
+  for (int rank = 0; rank < nranks; ++rank) {
+    for (int k = 0; k < 3; ++k) {
+      std::string name = "r" + std::to_string(rank) + "." + std::to_string(k);
+      auto loc = (*ck)->Find(name);
+      ASSERT_TRUE(loc.ok()) << name;
+      auto want = RandomBytes(5000 + 3000 * k, generation * 100 + rank * 10 + k);
+      std::vector<uint8_t> got(want.size());
+      ASSERT_TRUE((*ck)->shard(loc->shard)->ReadInto(name, got.data(), got.size(), {true}).ok());
+      EXPECT_EQ(got, want) << name;
+    }
+  }
+}
+
+TEST(ShardedSaveTest, RanksWriteShardsAndRankZeroTheIndex) {
+  TempDir dir;
+  const std::string index = dir.File("model.ferry.index.json");
+  for (int nranks : {1, 3}) {
+    for (bool async : {false, true}) {
+      SCOPED_TRACE(std::to_string(nranks) + " ranks, async " + std::to_string(async));
+      uint64_t generation = nranks * 10 + async;
+      for (const Status& st : SaveGeneration(index, nranks, generation, async)) {
+        ASSERT_TRUE(st.ok()) << st.ToString();
+      }
+      ExpectGeneration(index, nranks, generation);
+      // The replaced checkpoint's shards are gone: the index and this save's shards remain.
+      std::set<std::string> files = Files(dir.path());
+      EXPECT_EQ(files.size(), static_cast<size_t>(nranks) + 1);
+      for (const std::string& f : files) {
+        EXPECT_TRUE(f == "model.ferry.index.json" ||
+                    (f.rfind("model-", 0) == 0 &&
+                     f.find("-of-0000" + std::to_string(nranks) + ".ferry") != std::string::npos))
+            << f;
+      }
+    }
+  }
+}
+
+TEST(ShardedSaveTest, AFailedShardKeepsThePreviousCheckpointOnEveryRank) {
+  TempDir dir;
+  const std::string index = dir.File("m.index.json");
+  for (const Status& st : SaveGeneration(index, 2, 1, false)) ASSERT_TRUE(st.ok());
+  // Files of others that merely look alike are never deleted.
+  std::ofstream(dir.File("mine.bin")) << "keep";
+  for (bool async : {false, true}) {
+    auto results = SaveGeneration(index, 2, 2, async, /*fail_rank=*/1);
+    EXPECT_FALSE(results[1].ok());
+    ASSERT_FALSE(results[0].ok());
+    EXPECT_NE(results[0].message().find("another rank failed"), std::string::npos)
+        << results[0].ToString();
+    ExpectGeneration(index, 2, 1);
+    // Rank 0 removed its own new shard; rank 1's is the directory the test made.
+    for (const std::string& f : Files(dir.path())) {
+      if (std::filesystem::is_directory(dir.File(f))) std::filesystem::remove_all(dir.File(f));
+    }
+    EXPECT_EQ(Files(dir.path()).size(), 4u);  // index, two shards, mine.bin
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.File("mine.bin")));
+}
+
+TEST(ShardedSaveTest, BeginChecksTheGroup) {
+  TempDir dir;
+  SaveGroup g;
+  g.rank = 2;
+  g.nranks = 2;
+  g.all_reduce_max = [](uint64_t*, size_t) { return Status::Ok(); };
+  EXPECT_EQ(ShardedSave::Begin(dir.File("x.index.json"), g).status().code(),
+            StatusCode::kInvalidArgument);
+  g.rank = 0;
+  g.all_reduce_max = nullptr;
+  EXPECT_EQ(ShardedSave::Begin(dir.File("x.index.json"), g).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -162,6 +162,15 @@ struct PlanPiece {
 FERRY_API std::vector<PlanPiece> SplitPlan(const std::vector<PlanItem>& items, int nranks,
                                            int rounds);
 
+// A SaveGroup (sharded.hpp) over the caller's NCCL communicator, for ShardedSave: rank and size
+// are the communicator's, and all_reduce_max is an ncclAllReduce on a stream of the library's
+// own, on the communicator's device (which must be current at this call), with a few bytes of
+// device memory made here; it waits for that stream only. The group borrows `comm`, which
+// must outlive every copy of it; its calls, like every NCCL call, must come in the same order
+// on every rank. Unimplemented without CUDA or NCCL (found at run time as for
+// DistributedLoader).
+FERRY_API Result<SaveGroup> NcclSaveGroup(NcclComm comm, const std::string& nccl_library = "");
+
 }  // namespace ferry
 
 #endif  // FERRY_DISTRIBUTED_HPP_

@@ -268,6 +268,23 @@ FERRY_API void ferry_dlpack_capsule_destructor(void* capsule);
 
 typedef struct ferry_writer_t ferry_writer_t;
 
+/* Host staging memory for writers (ferry::StagingPool): a ring of `bytes` reused by every save
+ * that names it, so a training job that saves every few minutes allocates and pins it once.
+ * pin 1 registers it with CUDA now, in the current device's context (needs a device); pin 0
+ * leaves that to the first save from device memory. Shared and thread-safe: any number of
+ * writers may use one pool at once. ferry_staging_pool_free drops the caller's reference;
+ * writers and saves in progress keep the memory until they are done. Free it before the CUDA
+ * context goes away (not from atexit handlers). */
+typedef struct ferry_staging_pool_t ferry_staging_pool_t;
+FERRY_API int ferry_staging_pool_create(uint64_t bytes, int32_t pin, ferry_staging_pool_t** out,
+                                        ferry_error_t* error);
+FERRY_API uint64_t ferry_staging_pool_bytes(const ferry_staging_pool_t* pool);
+FERRY_API void ferry_staging_pool_free(ferry_staging_pool_t* pool);
+
+/* The rest of a save running in the background (ferry_writer_commit_async). Owned by its
+ * creator; ferry_save_wait and ferry_save_done may be called from any thread. */
+typedef struct ferry_save_t ferry_save_t;
+
 typedef struct ferry_writer_options_t {
   size_t struct_size;
   /* Raw bytes per checksum block and per compressed chunk: a power of two, >= 4096. */
@@ -283,6 +300,12 @@ typedef struct ferry_writer_options_t {
   int32_t durable;
   /* Stored as the checkpoint's producer; NULL or "": "tensorferry <version>". Copied. */
   const char* producer;
+  /* NULL: host tensors are written from the caller's memory during each add call, device
+   * tensors go through a pinned pool of the writer's own. A pool: every tensor is first
+   * copied into it (a snapshot), so add calls return without waiting for the disk and
+   * ferry_writer_commit_async returns once the snapshot is complete. The writer keeps its own
+   * reference to the pool. */
+  ferry_staging_pool_t* staging_pool;
 } ferry_writer_options_t;
 
 FERRY_API void ferry_writer_options_init(ferry_writer_options_t* options);
@@ -302,6 +325,21 @@ FERRY_API int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, 
 FERRY_API int ferry_writer_add_dltensor(ferry_writer_t* writer, const char* name,
                                         const DLTensor* tensor, int32_t encoding,
                                         ferry_error_t* error);
+/* Adds a tensor from memory of the calling thread's current CUDA device: enqueues
+ * device-to-host copies into pinned staging memory on `stream` (NULL: the legacy default
+ * stream) and returns once they are enqueued, blocking only while the staging pool is full.
+ * The copies run after the work already on `stream`; work enqueued on `stream` afterwards may
+ * overwrite or free `data` at once, anything else must wait until ferry_writer_wait_snapshot,
+ * ferry_writer_commit_async or ferry_writer_commit returns. All device tensors of one writer
+ * are on one device; no other device is touched. FERRY_UNIMPLEMENTED without CUDA support. */
+FERRY_API int ferry_writer_add_device_tensor_async(ferry_writer_t* writer, const char* name,
+                                                   int32_t dtype, const int64_t* shape,
+                                                   int32_t ndim, const void* data, uint64_t nbytes,
+                                                   int32_t encoding, void* stream,
+                                                   ferry_error_t* error);
+/* Waits until every tensor added so far is in host memory (on the writer's own events, not on
+ * the streams); every source buffer may then be reused. Reports the save's first error. */
+FERRY_API int ferry_writer_wait_snapshot(ferry_writer_t* writer, ferry_error_t* error);
 /* Converts the checkpoint at `src` into `dst`, atomically (nothing replaces `dst` unless the
  * whole conversion succeeds). `src`: a torch.save file (.pt, .bin), a sharded
  * pytorch_model.bin.index.json, a PyTorch Distributed Checkpoint folder, a safetensors file
@@ -395,10 +433,37 @@ FERRY_API int ferry_writer_add_scaling_state(ferry_writer_t* writer, const char*
 /* Writes the footer, fsyncs (when durable) and atomically replaces the file at the path. The
  * writer is spent afterwards, whatever the result: free it. */
 FERRY_API int ferry_writer_commit(ferry_writer_t* writer, ferry_error_t* error);
+/* Waits for the snapshot (ferry_writer_wait_snapshot), then returns while compression, writes,
+ * fsync and the atomic rename finish in the background; *out receives the save, whose
+ * ferry_save_wait gives the final status. Every source buffer may be reused once this returns.
+ * With a staging pool smaller than the checkpoint, the add calls already waited for earlier
+ * blocks to be written (not fsynced) to free pool space: all but the last pool-full of bytes
+ * are then in the file. The writer is spent afterwards, whatever the result: free it (the save
+ * goes on without it). A crash before the save succeeds leaves the previous file untouched. */
+FERRY_API int ferry_writer_commit_async(ferry_writer_t* writer, ferry_save_t** out,
+                                        ferry_error_t* error);
+/* Blocks until the save has finished; returns its final status (the same on every call). */
+FERRY_API int ferry_save_wait(ferry_save_t* save, ferry_error_t* error);
+/* 1 once the save has finished (ferry_save_wait would not block) or `save` is NULL, else 0. */
+FERRY_API int ferry_save_done(const ferry_save_t* save);
+/* Waits for the save to finish, then frees the handle. NULL is a no-op. */
+FERRY_API void ferry_save_free(ferry_save_t* save);
 /* Drops the temporary file; the path is untouched. Idempotent; NULL is a no-op. */
 FERRY_API void ferry_writer_abort(ferry_writer_t* writer);
 /* Aborts (if not committed) and frees. */
 FERRY_API void ferry_writer_free(ferry_writer_t* writer);
+
+/* ---- sharded checkpoints ------------------------------------------------------------------ */
+
+/* Writes the index of a sharded checkpoint (ferry/sharded.hpp: "weight_map" of every tensor of
+ * every file, "metadata" with "total_size") for shard files that already exist, relative to the
+ * index's directory. Atomic: temporary file, fsync, rename, fsync of the directory. Keys and
+ * values: `num_metadata` strings each (may be NULL when 0). FERRY_INVALID_ARGUMENT when two
+ * files hold a tensor of the same name or a name is not a plain relative path. */
+FERRY_API int ferry_write_shard_index(const char* index_path, const char* const* shard_files,
+                                      size_t num_files, const char* const* metadata_keys,
+                                      const char* const* metadata_values, size_t num_metadata,
+                                      ferry_error_t* error);
 
 /* ---- reader ------------------------------------------------------------------------------- */
 

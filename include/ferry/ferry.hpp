@@ -5,7 +5,11 @@
 // caller's current device and stream.
 //
 // Handles and threads:
-// - Writer: owned by its creator (move-only); one thread at a time.
+// - Writer: owned by its creator (move-only); one thread at a time. Its worker threads run in
+//   the background between calls; CommitAsync hands the rest of the save to a SaveHandle.
+// - StagingPool: shared (std::shared_ptr); thread-safe, any number of writers may use one at
+//   once (they then wait for each other's slots).
+// - SaveHandle: owned by its holder (move-only); Wait and done may be called from any thread.
 // - Reader: shared (std::shared_ptr); immutable after Open, so every const method may be
 //   called from any number of threads at once. HostView objects keep the file mapping alive
 //   on their own, so a view may outlive the Reader it came from.
@@ -25,7 +29,12 @@
 #include "ferry/status.hpp"
 #include "ferry/version.h"
 
+struct CUstream_st;
+
 namespace ferry {
+
+// Same type as cudaStream_t / CUstream, without including CUDA headers (also in loader.hpp).
+using Stream = CUstream_st*;
 
 // Runtime version, "MAJOR.MINOR.PATCH"; compare with FERRY_VERSION_STRING for header skew.
 FERRY_API const char* VersionString();
@@ -199,6 +208,8 @@ struct QuantizedTensor {
 
 // ---- Writer ----------------------------------------------------------------------------
 
+class StagingPool;
+
 struct WriterOptions {
   // Raw bytes per checksum block (and per compressed chunk). A power of two, >= 4096.
   uint64_t block_size = uint64_t{4} << 20;
@@ -214,6 +225,75 @@ struct WriterOptions {
   std::string producer;
   // fsync the file and its directory on Commit (turn off only for scratch files).
   bool durable = true;
+  // Write through O_DIRECT (aligned 4 MiB segments assembled in file order) where the file
+  // system supports it, else through the page cache. Direct writes measured faster on the
+  // H200 hosts' disks and leave the page cache alone (a load right after the save then reads
+  // from the disk).
+  bool direct_io = true;
+  // Host memory that holds tensor bytes between the add call and the file write. Set: every
+  // source (host, pulled or device) is first copied into it, so each add returns once its bytes
+  // are snapshotted there, and CommitAsync returns without waiting for the disk (see
+  // Writer::CommitAsync). Null: host sources are written straight from the caller's memory
+  // (each AddTensor returns once its bytes are in the file), and pulled or device sources go
+  // through a pool of max(64 MiB, 2 * block_size) that the writer allocates on first use
+  // (pinned on first device use) and frees with itself.
+  std::shared_ptr<StagingPool> staging;
+};
+
+// Host staging memory for writers: a ring of `bytes`, allocated once and reused by every save
+// that names it (allocating and pinning costs ~0.25 s per GiB, far more than a save's copy).
+// Each block of a tensor (at most WriterOptions::block_size bytes) takes a contiguous piece,
+// small tensors packed at 256 bytes, and gives it back once it is in the file; a writer that
+// needs a piece while the ring is full waits for earlier blocks to be written (by itself or by
+// any other writer sharing the pool).
+// Pinned memory (page-locked, registered with CUDA for the device-to-host DMA) is registered in
+// the context of the device current at Create (pin = true) or at the first device-source save
+// (pin = false), and unregistered by the destructor; destroy pools before the CUDA context
+// goes away (not from static destructors). Shared and thread-safe.
+class FERRY_API StagingPool {
+ public:
+  // `bytes` >= 8192, rounded up to 4096. pin: register now (needs CUDA and a device); false
+  // leaves that to the first device source, so host-only saves never touch CUDA.
+  static Result<std::shared_ptr<StagingPool>> Create(uint64_t bytes, bool pin = false);
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  uint64_t bytes() const;
+  bool pinned() const;
+
+  class Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  explicit StagingPool(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The rest of a save running in the background (Writer::CommitAsync): compression, writes,
+// fsync and the atomic rename. Move-only. The destructor waits for the save to finish (the
+// file is then committed or, on failure, its temporary file removed), so that no save is cut
+// off by the end of its owner; call Wait first to see the result.
+class FERRY_API SaveHandle {
+ public:
+  SaveHandle();
+  SaveHandle(SaveHandle&&) noexcept;
+  SaveHandle& operator=(SaveHandle&&) noexcept;
+  ~SaveHandle();
+
+  // Blocks until the save has finished and returns its final status (the same on every call).
+  // A handle without a save (default-constructed or moved-from) returns InvalidArgument.
+  Status Wait();
+  // True once the save has finished (Wait would not block).
+  bool done() const;
+  // The checkpoint's final path.
+  const std::string& path() const;
+
+  class State;
+  explicit SaveHandle(std::shared_ptr<State> state);
+
+ private:
+  std::shared_ptr<State> state_;
 };
 
 // Pulls a tensor's bytes in order: fill `size` bytes at `dst` with raw bytes
@@ -243,6 +323,26 @@ class FERRY_API Writer {
   Status AddTensorFrom(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
                        const FillFn& fill, Encoding encoding);
 
+  // Device source: `device_data` is memory of the calling thread's current CUDA device (device
+  // or managed memory) holding the tensor's StorageBytes. The writer enqueues device-to-host
+  // copies into pinned staging memory on `stream` (nullptr: the legacy default stream) and
+  // returns once they are enqueued, waiting only while the staging pool is full; worker threads
+  // (bound to the caller's context) wait for each copy's event, then checksum, compress and
+  // write it. The copies run after whatever `stream` already holds, so work enqueued on
+  // `stream` after this call may overwrite or free the buffer at once; anything else must wait
+  // for WaitSnapshot, CommitAsync or Commit to return. Every device tensor of one writer must
+  // be on the same device (the one current at the first such call); no other device is
+  // touched. Unimplemented in builds without CUDA.
+  Status AddDeviceTensor(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                         const void* device_data, uint64_t nbytes, Stream stream);
+  Status AddDeviceTensor(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                         const void* device_data, uint64_t nbytes, Stream stream,
+                         Encoding encoding);
+  // Waits until every byte added so far is in host memory (the device-to-host copies have
+  // completed: it waits on the writer's own events, not on the streams), so the caller may
+  // reuse every source buffer. Returns the first error of the save so far, if any.
+  Status WaitSnapshot();
+
   // Marks the already added tensor `name` as a slice of a larger tensor (tensor parallelism):
   // `global_shape` is the whole tensor's shape and `offset` where this one starts in it, each
   // with one entry per dimension of the tensor, 0 <= offset[d] and offset[d] + shape[d] <=
@@ -258,6 +358,17 @@ class FERRY_API Writer {
 
   // Finishes the file and atomically replaces `path`. The Writer is spent afterwards.
   Status Commit();
+  // WaitSnapshot, then returns while the rest of the save (compression and writes of the
+  // staged bytes, the footer, fsync, the atomic rename and the directory fsync) runs in the
+  // background; the handle gives its final status. The Writer is spent afterwards. All source
+  // buffers may be reused once this returns. What the call waited for depends on the staging
+  // pool (WriterOptions::staging): with a pool at least as large as the checkpoint, only for
+  // the copies into host memory; with a smaller pool, each add also waited for earlier blocks
+  // to be written to the file (not fsynced) to free pool space, so by the return everything
+  // but the last pool-full of bytes has been written. Without a pool, host sources were
+  // written during their AddTensor calls. A crash before the handle reports success leaves
+  // the previous file at `path` untouched.
+  Result<SaveHandle> CommitAsync();
   // Drops the temporary file; `path` is untouched. Idempotent.
   void Abort();
 
@@ -266,8 +377,8 @@ class FERRY_API Writer {
   class Impl;
 
  private:
-  explicit Writer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Writer(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
 };
 
 // ---- Reader ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #define FERRY_SHARDED_HPP_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,6 +82,76 @@ class FERRY_API ShardedCheckpoint {
 FERRY_API Status
 WriteShardIndex(const std::string& index_path, const std::vector<std::string>& shard_files,
                 const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+// ---- saving a sharded checkpoint from several processes ----------------------------------
+
+// The ranks of a save and the one collective it needs. all_reduce_max replaces words[0, count)
+// with their element-wise maximum over all ranks and returns once the result is there; every
+// rank calls it the same number of times with the same count. A non-ok Status from it fails
+// the save on this rank (the others then wait in their next call: make it fail them too, as a
+// broken NCCL communicator does). distributed.hpp makes one from an NCCL communicator;
+// torch.distributed callers use tensorferry.distributed.save_file.
+struct SaveGroup {
+  int rank = 0;
+  int nranks = 1;
+  std::function<Status(uint64_t* words, size_t count)> all_reduce_max;
+};
+
+struct ShardedSaveOptions {
+  WriterOptions writer;  // for this rank's shard file
+  // Entries of the index's "metadata" (with "total_size" added when absent).
+  std::vector<std::pair<std::string, std::string>> metadata;
+  // After the new index is committed, rank 0 deletes the shard files the replaced index named
+  // that follow this class's naming ("<stem>-<16 hex digits>-<NNNNN>-of-<NNNNN>.ferry") and are
+  // not part of the new checkpoint. Other files are never deleted.
+  bool remove_replaced = true;
+};
+
+// One sharded checkpoint saved by every rank of a group at once: each rank writes its own shard
+// file, in parallel, and rank 0 commits the index (ShardedCheckpoint's format) only after every
+// shard is durable. Shard files get names no earlier save used ("<stem>-<save id>-<rank + 1>-of-
+// <nranks>.ferry" beside the index, where "<stem>.ferry.index.json", "<stem>.index.json" or
+// "<stem>.json" is the index's name and the save id is drawn by rank 0), so the files of the
+// checkpoint the index names now are never touched before the new index replaces it: a crash at
+// any point leaves the previous checkpoint complete and loadable, or the new one.
+//
+//   auto save = ferry::ShardedSave::Begin("ckpt/model.ferry.index.json", group).value();
+//   save->writer().AddDeviceTensor(name, dtype, shape, ptr, nbytes, stream);   // this rank's
+//   ferry::Status st = save->Commit();   // the same result on every rank
+//
+// Begin, Commit and Finish are collective (each calls all_reduce_max). A ShardedSave is owned
+// by its creator and used by one thread at a time; `group` must stay usable until it is done.
+class FERRY_API ShardedSave {
+ public:
+  static Result<std::unique_ptr<ShardedSave>> Begin(const std::string& index_path, SaveGroup group,
+                                                    ShardedSaveOptions options = {});
+  ~ShardedSave();
+  ShardedSave(const ShardedSave&) = delete;
+  ShardedSave& operator=(const ShardedSave&) = delete;
+
+  // This rank's shard. Add its tensors (names unique across all ranks), metadata and scaling
+  // state; do not call its Commit, CommitAsync or Abort.
+  Writer& writer();
+  const std::string& shard_path() const;
+  const std::string& index_path() const;
+
+  // Commits this rank's shard (fsynced), agrees with the other ranks that all shards are, then
+  // rank 0 writes the index atomically. The same status on every rank; on failure every rank
+  // removes its own new shard and the previous checkpoint stays as it was.
+  Status Commit();
+  // Starts this rank's shard commit in the background (Writer::CommitAsync) and returns once its
+  // tensors are snapshotted; the source buffers may then be reused. The new checkpoint becomes
+  // visible only in Finish, which every rank must call: it waits for this rank's shard, then
+  // agrees and commits the index as Commit does.
+  Status CommitAsync();
+  Status Finish();
+
+  class Impl;
+
+ private:
+  explicit ShardedSave(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ferry
 

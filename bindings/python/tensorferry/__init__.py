@@ -36,8 +36,9 @@ from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidA
 from ._convert import convert
 
 __all__ = [
-    "save_file", "load_file", "load_iter", "safe_open", "read_metadata", "read_scaling_state",
-    "Reader", "Loader", "TensorInfo", "DLPackTensor", "cuda_available", "version", "load_library",
+    "save_file", "save_file_async", "StagingPool", "SaveFuture", "load_file", "load_iter",
+    "safe_open", "read_metadata", "read_scaling_state", "Reader", "Loader", "TensorInfo",
+    "DLPackTensor", "cuda_available", "version", "load_library",
     "library_path", "FerryError", "InvalidArgumentError", "NotFoundError", "DataLossError",
     "ResourceExhaustedError", "UnimplementedError", "InternalError", "CudaError", "IoError",
     "convert",
@@ -131,6 +132,198 @@ def _host_source(value):
     return name, shape, arr.ctypes.data, arr.nbytes, arr
 
 
+def _cuda_source(value):
+    """(dtype name, shape, device pointer, nbytes, stream, keepalive) of a torch CUDA tensor on
+    the current device, else None (other tensors go through _host_source)."""
+    if not (hasattr(value, "detach") and hasattr(value, "data_ptr")):
+        return None
+    t = value.detach()
+    if t.device.type != "cuda" or not cuda_available():
+        return None
+    import torch
+
+    if t.device.index != torch.cuda.current_device():
+        return None  # another device's tensor: copied through the host, as before
+    stream = torch.cuda.current_stream(t.device)
+    name = _dtypes.from_torch(t.dtype)
+    shape = list(t.shape)
+    if name == "F4_E2M1FN":
+        shape = shape[:-1] + [shape[-1] * 2] if shape else [2]
+    if not t.is_contiguous():
+        t = t.contiguous()  # on the current stream, before the copies that read it
+    return name, shape, t.data_ptr(), t.numel() * t.element_size(), stream.cuda_stream, t
+
+
+def _add_source(handle, name, value, keep):
+    """Adds one tensor to the writer; device sources stay referenced in `keep` until the
+    snapshot is complete."""
+    cuda = _cuda_source(value)
+    if cuda is not None:
+        dtype, shape, ptr, nbytes, stream, t = cuda
+        cshape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        _lib.call("ferry_writer_add_device_tensor_async", handle, _name(name),
+                  _dtypes.CODES[dtype], cshape, len(shape), ctypes.c_void_p(ptr), nbytes,
+                  _lib.ENCODING_DEFAULT, ctypes.c_void_p(stream))
+        keep.append(t)
+        return
+    dtype, shape, ptr, nbytes, host = _host_source(value)
+    cshape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+    _lib.call("ferry_writer_add_tensor", handle, _name(name), _dtypes.CODES[dtype], cshape,
+              len(shape), ctypes.c_void_p(ptr), nbytes, _lib.ENCODING_DEFAULT)
+    # With a staging pool the bytes were copied; without one they were written.
+    del host
+
+
+class StagingPool:
+    """Host staging memory for saves, allocated once and reused by every save that names it
+    (allocating and pinning costs ~0.25 s per GiB). A save whose tensors fit in the pool
+    returns from ``save_file_async`` as soon as they are copied into it; with a smaller pool
+    the call also waits for earlier blocks to be written to the file to free space. The memory
+    is pinned for CUDA on first use with device tensors (or now, with ``pin=True``), in the
+    current device's context. Thread-safe; several saves may share one pool. close() drops
+    this reference; saves in progress keep the memory until they finish."""
+
+    def __init__(self, nbytes, pin=False):
+        handle = ctypes.c_void_p()
+        _lib.call("ferry_staging_pool_create", int(nbytes), 1 if pin else 0, ctypes.byref(handle))
+        self._handle = handle
+
+    @property
+    def nbytes(self):
+        return _lib.lib().ferry_staging_pool_bytes(self._handle)
+
+    def close(self):
+        h, self._handle = getattr(self, "_handle", None), None
+        if h is not None:
+            _lib.lib().ferry_staging_pool_free(h)
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SaveFuture:
+    """The rest of an asynchronous save (compression, writes, fsync, atomic rename) running in
+    the background. done() polls; wait(timeout) blocks and returns done(); result(timeout)
+    returns the path or raises the save's error (FerryError) or TimeoutError; exception()
+    returns the error or None. The save finishes even if the future is dropped (the handle's
+    release waits for it)."""
+
+    def __init__(self, handle, path):
+        self._handle = handle
+        self._path = path
+        self._error = None
+        self._finished = False
+        self._lock = threading.Lock()
+
+    def done(self):
+        with self._lock:
+            if self._finished or self._handle is None:
+                return True
+            return bool(_lib.lib().ferry_save_done(self._handle))
+
+    def _finish(self):
+        with self._lock:
+            if self._finished:
+                return
+            try:
+                _lib.call("ferry_save_wait", self._handle)
+            except FerryError as e:
+                self._error = e
+            _lib.lib().ferry_save_free(self._handle)
+            self._handle = None
+            self._finished = True
+
+    def wait(self, timeout=None):
+        if timeout is None:
+            self._finish()
+            return True
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.done():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        self._finish()
+        return True
+
+    def exception(self, timeout=None):
+        if not self.wait(timeout):
+            raise TimeoutError("tensorferry: save of %r still running" % (self._path,))
+        return self._error
+
+    def result(self, timeout=None):
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        return self._path
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self._finish()
+
+
+_shared_pools = {}
+_shared_pools_lock = threading.Lock()
+
+
+def _pool_for(nbytes):
+    """A process-wide pool of at least `nbytes` (rounded up to 256 MiB), reused across saves."""
+    need = max(64 << 20, (int(nbytes) + (256 << 20) - 1) // (256 << 20) * (256 << 20))
+    with _shared_pools_lock:
+        pool = _shared_pools.get("default")
+        if pool is None or pool.nbytes < need:
+            if pool is not None:
+                pool.close()
+            pool = StagingPool(need)
+            _shared_pools["default"] = pool
+        return pool
+
+
+@atexit.register
+def _free_shared_pools():
+    # Pinned memory must go back while the CUDA context still exists.
+    with _shared_pools_lock:
+        pools = list(_shared_pools.values())
+        _shared_pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+def _nbytes(value):
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        return value.numel() * value.element_size()
+    return getattr(value, "nbytes", 0)
+
+
+def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=None,
+                    block_size=None, threads=0, durable=True, scaling_state=None, producer=None,
+                    staging=None):
+    """As save_file, but returns a SaveFuture once every tensor is snapshotted into host memory:
+    the caller may then overwrite or free its tensors (CUDA ones included) while compression,
+    writes, fsync and the atomic rename finish in the background. A crash before the future
+    completes leaves any previous file at `path` untouched.
+
+    staging: a StagingPool (reused across saves) or a size in bytes; None uses a process-wide
+    pool at least as large as `tensors` (allocated on first use, grown when a larger
+    checkpoint comes). With a pool smaller than the checkpoint, the call also waits until all
+    but the last pool-full of bytes are written to the file."""
+    if staging is None:
+        staging = _pool_for(sum(_nbytes(v) for v in tensors.values()))
+    elif not isinstance(staging, StagingPool):
+        staging = StagingPool(int(staging))
+    return save_file(tensors, path, metadata, encoding=encoding, zstd_level=zstd_level,
+                     block_size=block_size, threads=threads, durable=durable,
+                     scaling_state=scaling_state, producer=producer, staging=staging,
+                     _background=True)
+
+
 def _is_torch(value):
     return type(value).__module__.startswith("torch") and hasattr(value, "untyped_storage")
 
@@ -174,7 +367,8 @@ def shared_tensor_groups(tensors):
 
 
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
-              threads=0, durable=True, scaling_state=None, producer=None, min_savings=None):
+              threads=0, durable=True, scaling_state=None, producer=None, min_savings=None,
+              staging=None, _background=False):
     """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
@@ -186,6 +380,12 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     library's 0.03).
     scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
     data, never pickled).
+
+    CUDA tensors on the current device are read in place: device-to-host copies into pinned
+    staging memory on torch's current stream, overlapped with compression and writes (other
+    devices' tensors are copied to the host first). The tensors may be reused once save_file
+    returns. staging: an optional StagingPool that every tensor is first copied into (see
+    save_file_async).
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
@@ -211,15 +411,13 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
         opts.min_savings = float(min_savings)
     producer_b = producer.encode("utf-8") if producer else None
     opts.producer = producer_b
+    opts.staging_pool = staging._handle if staging is not None else None
     handle = ctypes.c_void_p()
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
+    keep = []  # CUDA sources (and their contiguous copies) until the snapshot is complete
     try:
         for name, value in tensors.items():
-            dtype, shape, ptr, nbytes, keep = _host_source(value)
-            cshape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
-            _lib.call("ferry_writer_add_tensor", handle, _name(name), _dtypes.CODES[dtype],
-                      cshape, len(shape), ctypes.c_void_p(ptr), nbytes, _lib.ENCODING_DEFAULT)
-            del keep
+            _add_source(handle, name, value, keep)
         for key, value in (metadata or {}).items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
@@ -228,9 +426,14 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
                       value.encode("utf-8"))
         if scaling_state:
             _scaling.add_to_writer(handle, scaling_state)
+        if _background:
+            save = ctypes.c_void_p()
+            _lib.call("ferry_writer_commit_async", handle, ctypes.byref(save))
+            return SaveFuture(save, path)
         _lib.call("ferry_writer_commit", handle)
     finally:
         L.ferry_writer_free(handle)
+        del keep
 
 
 # ---- reading ------------------------------------------------------------------------------

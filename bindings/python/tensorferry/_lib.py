@@ -104,6 +104,7 @@ class WriterOptions(ctypes.Structure):
         ("threads", c_int32),
         ("durable", c_int32),
         ("producer", c_char_p),
+        ("staging_pool", c_void_p),
     ]
 
 
@@ -422,6 +423,18 @@ def _declare(lib):
     fn("ferry_writer_add_scaling_state", I, c_void_p, c_char_p, POINTER(Recipe),
        POINTER(DirectionState), c_size_t, E)
     fn("ferry_writer_commit", I, c_void_p, E)
+    fn("ferry_writer_add_device_tensor_async", I, c_void_p, c_char_p, c_int32, POINTER(c_int64),
+       c_int32, c_void_p, c_uint64, c_int32, c_void_p, E)
+    fn("ferry_writer_wait_snapshot", I, c_void_p, E)
+    fn("ferry_writer_commit_async", I, c_void_p, POINTER(c_void_p), E)
+    fn("ferry_save_wait", I, c_void_p, E)
+    fn("ferry_save_done", ctypes.c_int, c_void_p)
+    fn("ferry_save_free", None, c_void_p)
+    fn("ferry_staging_pool_create", I, c_uint64, c_int32, POINTER(c_void_p), E)
+    fn("ferry_staging_pool_bytes", c_uint64, c_void_p)
+    fn("ferry_staging_pool_free", None, c_void_p)
+    fn("ferry_write_shard_index", I, c_char_p, POINTER(c_char_p), c_size_t, POINTER(c_char_p),
+       POINTER(c_char_p), c_size_t, E)
     fn("ferry_writer_abort", None, c_void_p)
     fn("ferry_writer_free", None, c_void_p)
 

@@ -31,10 +31,12 @@ rank and costs no communication. Nothing is created on any other GPU than the cu
 import ctypes
 import hashlib
 import os
+import re
+import secrets
 
 import tensorferry as _tf
 
-__all__ = ["load_file", "open_checkpoint", "split_plan"]
+__all__ = ["load_file", "save_file", "write_shard_index", "open_checkpoint", "split_plan"]
 
 _SMALL = 1 << 20  # tensors below this share one allocation (and one broadcast per run)
 _ALIGN = 256
@@ -282,3 +284,166 @@ def _read(loader, ck, items, flats, pieces, stream):
         by_reader.setdefault(shard, []).append((name, rows, ptr, length))
     for shard, targets in by_reader.items():
         loader.load_into(ck.readers[shard], targets, stream=stream.cuda_stream, non_blocking=True)
+
+
+# ---- saving ---------------------------------------------------------------------------------
+
+
+def write_shard_index(index_path, shard_files, metadata=None):
+    """Writes the index of a sharded checkpoint (ferry::WriteShardIndex) for shard files that
+    exist, relative to the index's directory; atomic (temporary file, fsync, rename)."""
+    files = [_tf._path(f) for f in shard_files]
+    md = dict(metadata or {})
+    keys = [_tf._lib.encode(k) for k in md]
+    values = [_tf._lib.encode(v) for v in md.values()]
+    arr = (ctypes.c_char_p * max(1, len(files)))(*files)
+    karr = (ctypes.c_char_p * max(1, len(keys)))(*keys)
+    varr = (ctypes.c_char_p * max(1, len(values)))(*values)
+    _tf._lib.call("ferry_write_shard_index", _tf._path(index_path), arr, len(files), karr, varr,
+                  len(keys))
+
+
+def _index_stem(index_path):
+    base = os.path.basename(index_path)
+    for suffix in (".ferry.index.json", ".index.json", ".json"):
+        if base.endswith(suffix) and len(base) > len(suffix):
+            return base[:-len(suffix)]
+    return base
+
+
+def _indexed_files(index_path):
+    try:
+        with open(index_path, "rb") as f:
+            wm = json.loads(f.read().decode("utf-8")).get("weight_map", {})
+        return {v for v in wm.values() if isinstance(v, str) and _plain_relative(v)}
+    except Exception:
+        return set()
+
+
+def _agree_device(torch, dist, group):
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class ShardedSaveFuture:
+    """An asynchronous sharded save: every rank's shard is being written in the background.
+    wait() / result() are collective (every rank of the group must call one of them): they wait
+    for this rank's shard, agree that every shard is durable, and rank 0 commits the index;
+    until then the index still names the previous checkpoint. done() tells whether this rank's
+    shard is written (no communication). result() returns the index path or raises."""
+
+    def __init__(self, finish, future, failure):
+        self._finish = finish
+        self._future = future
+        self._failure = failure
+        self._outcome = None
+
+    def done(self):
+        return self._outcome is not None or self._future is None or self._future.done()
+
+    def wait(self):
+        if self._outcome is None:
+            try:
+                self._outcome = (self._finish(self._future, self._failure), None)
+            except Exception as e:
+                self._outcome = (None, e)
+        return True
+
+    def result(self):
+        self.wait()
+        if self._outcome[1] is not None:
+            raise self._outcome[1]
+        return self._outcome[0]
+
+
+def save_file(tensors, path, process_group=None, *, metadata=None, encoding="raw",
+              zstd_level=None, durable=True, scaling_state=None, async_save=False, staging=None,
+              remove_replaced=True):
+    """Saves a sharded checkpoint from every rank of `process_group` at once (collective):
+    each rank writes `tensors` (its own; names unique across ranks; CUDA tensors of the current
+    device are read in place on torch's current stream) to its own shard file, in parallel,
+    and rank 0 commits the index `path` (ferry's *.index.json format) only after every shard
+    is durable. Shard files are "<stem>-<save id>-<rank + 1>-of-<world>.ferry" beside the
+    index, with a save id no earlier save used, so the previous checkpoint's files are never
+    touched before the new index replaces it: a crash at any point leaves the previous
+    checkpoint complete and loadable, or the new one. After the commit, rank 0 deletes the
+    files of the replaced index that follow this naming (remove_replaced=True).
+
+    metadata (str -> str) goes into every shard and into the index. With async_save=True the
+    call returns a ShardedSaveFuture once this rank's tensors are snapshotted into host memory
+    (staging: see tensorferry.save_file_async); its wait()/result() is collective and commits
+    the index. Otherwise returns the index path once the checkpoint is committed; raises on
+    every rank when any rank failed.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("tensorferry.distributed: torch.distributed is not initialized")
+    group = process_group
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    dev = _agree_device(torch, dist, group)
+    path = os.fspath(path)
+    token = secrets.randbits(62) | 1 if rank == 0 else 0
+    token = _agree(torch, dist, group, dev, [token], dist.ReduceOp.MAX)[0]
+    stem = _index_stem(path)
+    directory = os.path.dirname(path) or "."
+    files = ["%s-%016x-%05d-of-%05d.ferry" % (stem, token, r + 1, world) for r in range(world)]
+    shard = os.path.join(directory, files[rank])
+    metadata = dict(metadata or {})
+    failure = future = None
+    try:
+        kwargs = dict(metadata=metadata, encoding=encoding, zstd_level=zstd_level,
+                      durable=durable, scaling_state=scaling_state)
+        if async_save:
+            future = _tf.save_file_async(tensors, shard, staging=staging, **kwargs)
+        else:
+            _tf.save_file(tensors, shard, **kwargs)
+    except Exception as e:  # reported to the other ranks before anything is committed
+        failure = e
+
+    def finish(future, failure):
+        if future is not None and failure is None:
+            try:
+                future.result()
+            except Exception as e:
+                failure = e
+        flag = _agree(torch, dist, group, dev, [1 if failure is not None else 0],
+                      dist.ReduceOp.MAX)[0]
+        index_failure = None
+        replaced = set()
+        if rank == 0 and not flag:
+            if remove_replaced:
+                replaced = _indexed_files(path)
+            try:
+                write_shard_index(path, files, metadata)
+            except Exception as e:
+                index_failure = e
+        flag2 = _agree(torch, dist, group, dev, [1 if index_failure is not None else 0],
+                       dist.ReduceOp.MAX)[0]
+        if failure is not None or flag or flag2:
+            try:
+                os.unlink(shard)  # the index names the previous checkpoint: this is garbage
+            except OSError:
+                pass
+            if failure is not None:
+                raise failure
+            if index_failure is not None:
+                raise index_failure
+            raise RuntimeError("tensorferry.distributed: rank %d: another rank failed to save %s "
+                               "(its error says why)" % (rank, path))
+        if rank == 0:
+            pattern = re.compile(re.escape(stem) + r"-[0-9a-f]{16}-[0-9]{5}-of-[0-9]{5}\.ferry")
+            for f in replaced - set(files):
+                if pattern.fullmatch(f):
+                    try:
+                        os.unlink(os.path.join(directory, f))
+                    except OSError:
+                        pass
+        return path
+
+    if async_save:
+        return ShardedSaveFuture(finish, future, failure)
+    return finish(None, failure)

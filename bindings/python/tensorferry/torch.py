@@ -33,9 +33,9 @@ import torch as _torch
 import tensorferry as _tf
 from tensorferry import _dtypes, _scaling
 
-__all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model",
-           "save_state_dict", "load_state_dict", "load_scaling_state", "recipe_to_dict",
-           "load_te_extra_state"]
+__all__ = ["save_file", "save_file_async", "load_file", "save", "load", "save_model",
+           "load_model", "save_state_dict", "save_state_dict_async", "load_state_dict",
+           "load_scaling_state", "recipe_to_dict", "load_te_extra_state"]
 
 recipe_to_dict = _scaling.recipe_to_dict
 
@@ -53,7 +53,28 @@ def save_state_dict(state_dict, path, *, metadata=None, scaling_state=None,
     Entries that are not tensors, and TransformerEngine's pickled ``_extra_state`` tensors,
     are refused (extra_state="error") or dropped (extra_state="skip"): pass FP8 state as
     `scaling_state` instead, so that nothing executable or device-bound lands in the file.
+    CUDA tensors of the current device are read in place on torch's current stream
+    (tensorferry.save_file); they may be reused once this returns.
     """
+    tensors = _tensors(state_dict, extra_state)
+    _tf.save_file(tensors, path, metadata=metadata, encoding=encoding, zstd_level=zstd_level,
+                  durable=durable, scaling_state=scaling_state)
+
+
+def save_state_dict_async(state_dict, path, *, metadata=None, scaling_state=None,
+                          extra_state="error", encoding="raw", zstd_level=None, durable=True,
+                          staging=None):
+    """As save_state_dict, but returns a tensorferry.SaveFuture (wait(), done(), result()) once
+    every tensor is snapshotted into host memory; the parameters may then be updated while the
+    file is written, fsynced and renamed into place in the background. `staging`: see
+    tensorferry.save_file_async."""
+    tensors = _tensors(state_dict, extra_state)
+    return _tf.save_file_async(tensors, path, metadata=metadata, encoding=encoding,
+                               zstd_level=zstd_level, durable=durable,
+                               scaling_state=scaling_state, staging=staging)
+
+
+def _tensors(state_dict, extra_state):
     if isinstance(state_dict, _torch.nn.Module):
         state_dict = state_dict.state_dict()
     if extra_state not in ("error", "skip"):
@@ -70,8 +91,7 @@ def save_state_dict(state_dict, path, *, metadata=None, scaling_state=None,
                 "such entries." % (name, "pickled extra state" if is_extra else
                                    type(value).__name__))
         tensors[name] = value
-    _tf.save_file(tensors, path, metadata=metadata, encoding=encoding, zstd_level=zstd_level,
-                  durable=durable, scaling_state=scaling_state)
+    return tensors
 
 
 def load_state_dict(path, *, device=None, module=None, strict=True):
@@ -146,6 +166,15 @@ def save_file(tensors, filename, metadata=None, **options):
     `options`: those of tensorferry.save_file (encoding, zstd_level, durable, ...)."""
     _check_tensors(tensors)
     _tf.save_file(tensors, filename, metadata=metadata, **options)
+
+
+def save_file_async(tensors, filename, metadata=None, **options):
+    """As save_file, but returns a tensorferry.SaveFuture (wait(), done(), result()) once every
+    tensor is snapshotted into host memory (CUDA tensors of the current device are copied on
+    torch's current stream); the file is finished in the background. `options`: those of
+    tensorferry.save_file_async (staging, encoding, ...)."""
+    _check_tensors(tensors)
+    return _tf.save_file_async(tensors, filename, metadata=metadata, **options)
 
 
 def save(tensors, metadata=None, **options):

@@ -1,0 +1,147 @@
+"""Saves through the writer pipeline from Python: asynchronous saves and staging pools (numpy,
+anywhere), CUDA tensors read in place on torch's current stream (GPU), and sharded saves over
+torch.distributed (gloo on CPU, two processes)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tensorferry as tf
+import tensorferry.distributed as tfd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def arrays(seed):
+    rng = np.random.default_rng(seed)
+    return {
+        "a": rng.integers(0, 255, size=(3 * 4096 + 17,), dtype=np.uint8),
+        "b": rng.standard_normal((64, 130)).astype(np.float32),
+        "c": rng.integers(-5, 5, size=(7,), dtype=np.int64),
+        "empty": np.zeros((0, 3), dtype=np.float16),
+    }
+
+
+def check(path, want):
+    got = tf.load_file(path)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v)
+
+
+@pytest.mark.parametrize("encoding", ["raw", "shuffle_zstd"])
+def test_async_save_snapshots_and_commits(tmp_path, encoding):
+    path = str(tmp_path / "m.ferry")
+    src = arrays(1)
+    want = {k: v.copy() for k, v in src.items()}
+    with tf.StagingPool(1 << 20) as pool:
+        fut = tf.save_file_async(src, path, metadata={"step": "3"}, encoding=encoding,
+                                 block_size=4096, staging=pool)
+        for v in src.values():
+            v.fill(0)  # the snapshot is taken: the caller's arrays are its own again
+        assert fut.result() == path
+        assert fut.done() and fut.wait() and fut.exception() is None
+    check(path, want)
+    assert tf.read_metadata(path)["step"] == "3"
+    assert os.listdir(tmp_path) == ["m.ferry"]
+
+
+def test_pool_smaller_than_the_checkpoint(tmp_path):
+    pool = tf.StagingPool(16384)
+    assert pool.nbytes == 16384
+    src = {"x%d" % i: np.full((5000 + i,), i, dtype=np.uint8) for i in range(20)}
+    futures = [tf.save_file_async(src, str(tmp_path / ("f%d.ferry" % k)), staging=pool,
+                                  block_size=4096) for k in range(3)]
+    for k, f in enumerate(futures):
+        assert f.result() == str(tmp_path / ("f%d.ferry" % k))
+        check(str(tmp_path / ("f%d.ferry" % k)), src)
+    pool.close()
+
+
+def test_default_pool_and_sync_save_with_a_pool(tmp_path):
+    src = arrays(2)
+    tf.save_file_async(src, str(tmp_path / "a.ferry")).result()
+    check(str(tmp_path / "a.ferry"), src)
+    with tf.StagingPool(1 << 16) as pool:
+        tf.save_file(src, str(tmp_path / "b.ferry"), staging=pool, block_size=4096)
+    check(str(tmp_path / "b.ferry"), src)
+
+
+def test_failed_async_save_raises_and_keeps_the_previous_file(tmp_path):
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    fut = tf.save_file_async(arrays(3), str(target))
+    err = fut.exception()
+    assert isinstance(err, tf.IoError)
+    assert str(target) in str(err)
+    with pytest.raises(tf.IoError):
+        fut.result()
+    assert sorted(os.listdir(tmp_path)) == ["taken"]
+
+
+def test_write_shard_index(tmp_path):
+    tf.save_file({"a": np.arange(4, dtype=np.int32)}, str(tmp_path / "s1.ferry"))
+    tf.save_file({"b": np.arange(3, dtype=np.int32)}, str(tmp_path / "s2.ferry"))
+    index = str(tmp_path / "m.ferry.index.json")
+    tfd.write_shard_index(index, ["s1.ferry", "s2.ferry"], {"step": "9"})
+    with tfd.open_checkpoint(index) as ck:
+        assert ck.keys() == ["a", "b"]
+    with pytest.raises(tf.InvalidArgumentError):
+        tfd.write_shard_index(index, ["s1.ferry", "s1.ferry"])
+
+
+# ---- torch --------------------------------------------------------------------------------
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not tf.cuda_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+def test_cuda_tensors_are_read_on_the_current_stream(tmp_path):
+    torch = _torch_cuda()
+    import tensorferry.torch as tft
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    state = {
+        "w": torch.randn(1024, 1031, device=dev).to(torch.bfloat16),
+        "b": torch.arange(17, device=dev, dtype=torch.float32),
+        "t": torch.randn(64, 32, device=dev).t(),  # not contiguous
+        "e": torch.empty(0, 5, device=dev),
+        "h": torch.arange(10, dtype=torch.int64),  # host
+    }
+    want = {k: v.detach().cpu().clone() for k, v in state.items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # keeps the stream busy: a read out of order would see 7
+        state["b"].fill_(7)
+        want["b"].fill_(7)
+        for enc in ("raw", "shuffle_zstd"):
+            path = str(tmp_path / ("m_%s.ferry" % enc))
+            tft.save_state_dict(state, path, encoding=enc)
+            got = tft.load_state_dict(path, device="cpu")
+            for k, v in want.items():
+                assert torch.equal(got[k], v), k
+        fut = tft.save_state_dict_async(state, str(tmp_path / "a.ferry"))
+        for v in state.values():
+            v.zero_()  # after the snapshot, on the same stream
+        fut.result()
+    got = tft.load_state_dict(str(tmp_path / "a.ferry"), device="cpu")
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_sharded_save_over_gloo(tmp_path):
+    pytest.importorskip("torch")
+    script = os.path.join(HERE, "save_sharded_check.py")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+    procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(tmp_path), "gloo"],
+                              env=env) for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
