@@ -618,13 +618,49 @@ void ExportLoaded(std::vector<ferry::LoadedTensor>& loaded, DLManagedTensorVersi
   for (size_t i = 0; i < made.size(); ++i) out[i] = made[i].release();
 }
 
+// A streaming load's C callback, given a borrowed descriptor of each tensor.
+struct CReady {
+  ferry_ready_fn fn = nullptr;
+  void* user = nullptr;
+  int32_t hand_over = FERRY_HAND_OVER_COMPLETE;
+};
+
+ferry::ReadyCallback ToCallback(const CReady& c) {
+  return [c](const ferry::ReadyTensor& t) {
+    DLDevice dev;
+    dev.device_type = t.tensor->device >= 0 ? kDLCUDA : kDLCPU;
+    dev.device_id = t.tensor->device >= 0 ? t.tensor->device : 0;
+    std::unique_ptr<DLManagedTensorVersioned, void (*)(DLManagedTensorVersioned*)> m(
+        MakeManaged(t.tensor->info, t.tensor->data, dev, 0, nullptr), &ferry_dlpack_free);
+    c.fn(c.user, t.index, &m->dl_tensor, static_cast<void*>(t.ready));
+  };
+}
+
+int CheckReady(const CReady* ready, const char* function, ferry_error_t* error) {
+  if (ready == nullptr) return FERRY_OK;
+  if (ready->fn == nullptr) return NullArg(error, function, "on_ready");
+  if (ready->hand_over != FERRY_HAND_OVER_COMPLETE &&
+      ready->hand_over != FERRY_HAND_OVER_ENQUEUED) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(function, ": hand_over ", ready->hand_over,
+                              " is neither FERRY_HAND_OVER_COMPLETE nor FERRY_HAND_OVER_ENQUEUED"));
+  }
+  return FERRY_OK;
+}
+
+ferry::HandOver ToHandOver(const CReady& c) {
+  return c.hand_over == FERRY_HAND_OVER_ENQUEUED ? ferry::HandOver::kEnqueued
+                                                 : ferry::HandOver::kComplete;
+}
+
 int RunLoad(ferry_loader_t* loader, const ferry_reader_t* reader,
             const ferry_load_request_t* requests, size_t num_requests,
             const ferry_allocator_t* allocator, DLManagedTensorVersioned** out, void* stream,
-            int mode, const char* function, ferry_error_t* error) {
+            int mode, const char* function, ferry_error_t* error, const CReady* ready = nullptr) {
   if (loader == nullptr) return NullArg(error, function, "loader");
   if (reader == nullptr) return NullArg(error, function, "reader");
   if (out == nullptr && num_requests == 0) return NullArg(error, function, "out");
+  if (int rc = CheckReady(ready, function, error); rc != FERRY_OK) return rc;
   std::vector<ferry::LoadRequest> reqs;
   int rc = ToRequests(requests, num_requests, out != nullptr, &reqs, function, error);
   if (rc != FERRY_OK) return rc;
@@ -646,9 +682,13 @@ int RunLoad(ferry_loader_t* loader, const ferry_reader_t* reader,
   }
   auto s = static_cast<ferry::Stream>(stream);
   ferry::Result<std::vector<ferry::LoadedTensor>> result =
-      mode == 0   ? loader->loader->LoadAsync(*reader->reader, reqs, s, dalloc_ptr)
-      : mode == 1 ? loader->loader->Load(*reader->reader, reqs, s, dalloc_ptr)
-                  : loader->loader->LoadToHost(*reader->reader, reqs);
+      ready != nullptr && mode == 2
+          ? loader->loader->LoadToHostStreaming(*reader->reader, reqs, ToCallback(*ready))
+      : ready != nullptr ? loader->loader->LoadStreaming(*reader->reader, reqs, ToCallback(*ready),
+                                                         ToHandOver(*ready), s, dalloc_ptr)
+      : mode == 0        ? loader->loader->LoadAsync(*reader->reader, reqs, s, dalloc_ptr)
+      : mode == 1        ? loader->loader->Load(*reader->reader, reqs, s, dalloc_ptr)
+                         : loader->loader->LoadToHost(*reader->reader, reqs);
   if (!result.ok()) return Report(result.status(), error);
   if (out != nullptr) ExportLoaded(*result, out);
   return FERRY_OK;
@@ -656,12 +696,14 @@ int RunLoad(ferry_loader_t* loader, const ferry_reader_t* reader,
 
 // Packed loads: one request per non-empty tensor, into dst at its packed offset.
 int RunPacked(ferry_loader_t* loader, const ferry_reader_t* reader, void* dst, uint64_t dst_size,
-              void* stream, int mode, const char* function, ferry_error_t* error) {
+              void* stream, int mode, const char* function, ferry_error_t* error,
+              const CReady* ready = nullptr) {
   if (loader == nullptr) return NullArg(error, function, "loader");
   if (reader == nullptr) return NullArg(error, function, "reader");
+  if (int rc = CheckReady(ready, function, error); rc != FERRY_OK) return rc;
   const TensorTable& table = Table(reader);
-  if (table.packed_bytes == 0) return FERRY_OK;
-  if (dst == nullptr) return NullArg(error, function, "dst");
+  if (table.packed_bytes == 0 && ready == nullptr) return FERRY_OK;
+  if (dst == nullptr && table.packed_bytes > 0) return NullArg(error, function, "dst");
   if (dst_size < table.packed_bytes) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
                 ferry::StrCat(function, ": ", reader->reader->path(), ": dst holds ", dst_size,
@@ -669,8 +711,10 @@ int RunPacked(ferry_loader_t* loader, const ferry_reader_t* reader, void* dst, u
   }
   std::vector<ferry::LoadRequest> reqs;
   reqs.reserve(table.records.size());
+  // Streaming: every tensor is requested (empty ones too, so each is handed over), and the
+  // request's position is the tensor's index.
   for (const ferry_tensor_record_t& rec : table.records) {
-    if (rec.nbytes == 0) continue;
+    if (rec.nbytes == 0 && ready == nullptr) continue;
     ferry::LoadRequest q;
     q.name.assign(table.names.data() + rec.name_offset, rec.name_size);
     q.dst = static_cast<uint8_t*>(dst) + rec.packed_offset;
@@ -679,9 +723,11 @@ int RunPacked(ferry_loader_t* loader, const ferry_reader_t* reader, void* dst, u
   }
   auto s = static_cast<ferry::Stream>(stream);
   ferry::Result<std::vector<ferry::LoadedTensor>> result =
-      mode == 0   ? loader->loader->LoadAsync(*reader->reader, reqs, s)
-      : mode == 1 ? loader->loader->Load(*reader->reader, reqs, s)
-                  : loader->loader->LoadToHost(*reader->reader, reqs);
+      ready != nullptr ? loader->loader->LoadStreaming(*reader->reader, reqs, ToCallback(*ready),
+                                                       ToHandOver(*ready), s)
+      : mode == 0      ? loader->loader->LoadAsync(*reader->reader, reqs, s)
+      : mode == 1      ? loader->loader->Load(*reader->reader, reqs, s)
+                       : loader->loader->LoadToHost(*reader->reader, reqs);
   return result.ok() ? FERRY_OK : Report(result.status(), error);
 }
 
@@ -1585,6 +1631,39 @@ int ferry_loader_load_to_host_packed(ferry_loader_t* loader, const ferry_reader_
                                      void* dst, uint64_t dst_size, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     return RunPacked(loader, reader, dst, dst_size, nullptr, 2, fn, error);
+  });
+}
+
+int ferry_loader_load_streaming(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                const ferry_load_request_t* requests, size_t num_requests,
+                                const ferry_allocator_t* allocator, int32_t hand_over,
+                                ferry_ready_fn on_ready, void* user, DLManagedTensorVersioned** out,
+                                void* stream, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    CReady ready{on_ready, user, hand_over};
+    return RunLoad(loader, reader, requests, num_requests, allocator, out, stream, 0, fn, error,
+                   &ready);
+  });
+}
+
+int ferry_loader_load_to_host_streaming(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                        const ferry_load_request_t* requests, size_t num_requests,
+                                        ferry_ready_fn on_ready, void* user,
+                                        DLManagedTensorVersioned** out, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    CReady ready{on_ready, user, FERRY_HAND_OVER_COMPLETE};
+    return RunLoad(loader, reader, requests, num_requests, nullptr, out, nullptr, 2, fn, error,
+                   &ready);
+  });
+}
+
+int ferry_loader_load_packed_streaming(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                       void* dst, uint64_t dst_size, int32_t hand_over,
+                                       ferry_ready_fn on_ready, void* user, void* stream,
+                                       ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    CReady ready{on_ready, user, hand_over};
+    return RunPacked(loader, reader, dst, dst_size, stream, 0, fn, error, &ready);
   });
 }
 

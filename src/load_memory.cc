@@ -1,6 +1,8 @@
 // Destination memory of a load (src/load_memory.hpp).
 #include "load_memory.hpp"
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -23,19 +25,48 @@ LoadedTensor Describe(const Resolved& rr, int device) {
 }
 }  // namespace
 
+namespace {
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
+// Host memory: 2 MiB aligned and advised for transparent huge pages when large, so a fresh
+// process faults it in 2 MiB at a time (one-shot LoadToHost of 8 GiB on an H200 host: 9.1 GB/s
+// into 4 KiB pages, 15-16 into huge pages).
+void* AllocateHostBytes(uint64_t bytes) {
+  if (bytes < kHugePage) return std::aligned_alloc(64, AlignUp(bytes, 64));
+  const uint64_t n = AlignUp(bytes, kHugePage);
+  void* p = std::aligned_alloc(kHugePage, n);
+  if (p != nullptr) ::madvise(p, n, MADV_HUGEPAGE);
+  return p;
+}
+}  // namespace
+
 Status AllocateHost(const BlockSource& source, LoadPlan& plan, std::vector<LoadedTensor>* out) {
   out->resize(plan.res.size());
+  // Every tensor the loader allocates shares one allocation, each at a 64-byte-aligned offset
+  // in file order.
+  uint64_t arena_bytes = 0;
+  std::vector<uint64_t> arena_off(plan.res.size(), UINT64_MAX);
+  for (size_t k : plan.order) {
+    if (plan.res[k].dst == nullptr && plan.res[k].len > 0) {
+      arena_off[k] = arena_bytes;
+      arena_bytes += AlignUp(plan.res[k].len, 64);
+    }
+  }
+  std::shared_ptr<void> arena;
+  if (arena_bytes > 0) {
+    void* p = AllocateHostBytes(arena_bytes);
+    if (p == nullptr) {
+      return Error(StatusCode::kResourceExhausted, source.path(), ": allocating ", arena_bytes,
+                   " bytes for ", plan.res.size(), " tensors");
+    }
+    arena = std::shared_ptr<void>(p, std::free);
+  }
   for (size_t k = 0; k < plan.res.size(); ++k) {
     Resolved& rr = plan.res[k];
     LoadedTensor& t = (*out)[k] = Describe(rr, -1);
-    if (rr.dst == nullptr && rr.len > 0) {
-      void* p = std::aligned_alloc(64, AlignUp(rr.len, 64));
-      if (p == nullptr) {
-        return Error(StatusCode::kResourceExhausted, source.Where(rr.tensor), ": allocating ",
-                     rr.len, " bytes");
-      }
-      t.owner = std::shared_ptr<void>(p, std::free);
-      rr.dst = static_cast<uint8_t*>(p);
+    if (arena_off[k] != UINT64_MAX) {
+      rr.dst = static_cast<uint8_t*>(arena.get()) + arena_off[k];
+      t.owner = std::shared_ptr<void>(arena, rr.dst);
     }
     t.data = rr.dst;
   }
@@ -47,19 +78,19 @@ Status AllocateHost(const BlockSource& source, LoadPlan& plan, std::vector<Loade
 namespace {
 
 constexpr uint64_t kDeviceAlign = 256;
-// Tensors below this size share one default allocation so their copies coalesce.
-constexpr uint64_t kArenaTensorLimit = uint64_t{1} << 20;
 constexpr uint64_t kNotInArena = UINT64_MAX;
 
-// Arena layout (default allocator only): small tensors packed in file order with 256-byte
-// alignment, which is also 64-byte staging alignment, so their copies coalesce. Returns the
-// arena's size; `offsets[k]` is request k's place in it, or kNotInArena.
+// Arena layout (default allocator only): every tensor the loader allocates, packed in file
+// order with 256-byte alignment (also 64-byte staging alignment, so copies of small tensors
+// coalesce), in one cudaMallocAsync: one allocation per tensor measured 20-25 ms for 180
+// tensors in a fresh process on an H200 host, one for all 0.6 ms. Returns the arena's size;
+// `offsets[k]` is request k's place in it, or kNotInArena.
 uint64_t ArenaLayout(const LoadPlan& plan, std::vector<uint64_t>* offsets) {
   uint64_t bytes = 0;
   offsets->assign(plan.res.size(), kNotInArena);
   for (size_t k : plan.order) {
     const Resolved& rr = plan.res[k];
-    if (rr.dst == nullptr && rr.len > 0 && rr.len < kArenaTensorLimit) {
+    if (rr.dst == nullptr && rr.len > 0) {
       (*offsets)[k] = bytes;
       bytes += AlignUp(rr.len, kDeviceAlign);
     }

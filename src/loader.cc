@@ -4,13 +4,18 @@
 // (staging_ring.hpp) and copied from there on the caller's stream.
 #include "ferry/loader.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <memory>
 #include <mutex>
 
 #include "block_source.hpp"
 #include "cuda_util.hpp"
+#include "handover.hpp"
 #include "load_memory.hpp"
 #include "load_plan.hpp"
 #include "staging_ring.hpp"
@@ -35,6 +40,32 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Pieces per request, for the hand-over of streaming loads.
+void CountPieces(const std::vector<Piece>& pieces, std::vector<uint32_t>* count) {
+  for (const Piece& p : pieces) ++(*count)[p.r];
+}
+
+// Reads file bytes [offset, offset + len) of tensor i with pread: a one-shot load reads
+// resident data this way instead of through a mapping it would fault in page by page.
+Status PReadRange(const BlockSource& source, size_t i, int fd, uint8_t* dst, uint64_t offset,
+                  uint64_t len) {
+  uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error(StatusCode::kIoError, source.Where(i), ": read at file offset ", offset + done,
+                   " failed ", ErrnoText(errno));
+    }
+    if (n == 0) {
+      return Error(StatusCode::kDataLoss, source.Where(i), ": the file ends at offset ",
+                   offset + done, " inside the tensor (truncated after it was opened?)");
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
 #ifdef FERRY_HAVE_CUDA
 
 // Everything one device load shares between its workers.
@@ -47,6 +78,8 @@ struct DeviceJob {
   cudaStream_t stream;
   bool verify;
   bool streaming;
+  int pread_fd;        // a one-shot load: resident raw pieces are read with pread (else -1)
+  Handover* handover;  // streaming loads: told of every piece enqueued (else null)
   FirstError error;
   std::atomic<uint64_t> next_group{0}, next_batch{0}, copies{0};
 };
@@ -101,6 +134,7 @@ Status CopyGroup(DeviceJob& job, const Group& g) {
                                       p.len, cudaMemcpyHostToDevice, job.stream);
     if (err != cudaSuccess) return CudaStatus(err, job.source.Where(rr.tensor), "cudaMemcpyAsync");
     job.copies.fetch_add(1, std::memory_order_relaxed);
+    if (job.handover != nullptr) FERRY_RETURN_IF_ERROR(job.handover->PieceDone(p.r));
   }
   return Status::Ok();
 }
@@ -143,8 +177,16 @@ Status FillSlot(DeviceJob& job, const Batch& b, uint8_t* slot) {
   how.direct = job.direct.is_open() ? &job.direct : nullptr;
   for (uint32_t i = b.first; i < b.last; ++i) {
     const Piece& p = pieces[i];
-    FERRY_RETURN_IF_ERROR(
-        job.source.Read(job.plan.res[p.r].tensor, p.begin, p.len, slot + p.soff, how));
+    const Resolved& rr = job.plan.res[p.r];
+    if (job.pread_fd >= 0 && rr.info.encoding == Encoding::kRaw) {
+      FERRY_RETURN_IF_ERROR(PReadRange(job.source, rr.tensor, job.pread_fd, slot + p.soff,
+                                       rr.info.data_offset + p.begin, p.len));
+      if (job.verify) {
+        FERRY_RETURN_IF_ERROR(job.source.VerifyRange(rr.tensor, p.begin, p.len, slot + p.soff));
+      }
+      continue;
+    }
+    FERRY_RETURN_IF_ERROR(job.source.Read(rr.tensor, p.begin, p.len, slot + p.soff, how));
   }
   return Status::Ok();
 }
@@ -194,6 +236,9 @@ void CopyStaged(DeviceJob& job, StagingRing& ring) {
     if (st.ok()) st = FillSlot(job, b, slot);
     if (st.ok()) st = CopySlot(job, b, slot);
     if (st.ok()) st = ring.Record(k, job.stream);
+    for (uint32_t i = b.first; st.ok() && job.handover != nullptr && i < b.last; ++i) {
+      st = job.handover->PieceDone(job.pieces.staged[i].r);
+    }
     if (!st.ok()) {
       job.error.Set(std::move(st));
       ring.Abort();
@@ -221,6 +266,8 @@ class Loader::Impl {
   cudaEvent_t tail = nullptr;                 // recorded after each load's last copy
   std::vector<cudaEvent_t> worker_events;     // windowed registration, one per worker
   std::shared_ptr<const Mapping> registered;  // mapping registered for direct DMA
+  // The mapping of the last device load: a load from any other is a one-shot load.
+  std::weak_ptr<const Mapping> loaded_mapping;
 
   ~Impl() {
     if (ctx != nullptr) {
@@ -333,7 +380,9 @@ class Loader::Impl {
 
   Result<std::vector<LoadedTensor>> DeviceLoad(const Reader& reader,
                                                const std::vector<LoadRequest>& requests,
-                                               Stream stream, const DeviceAllocator* alloc) {
+                                               Stream stream, const DeviceAllocator* alloc,
+                                               const ReadyCallback* on_ready = nullptr,
+                                               HandOver when = HandOver::kComplete) {
     const BlockSource& source = BlocksOf(reader);
     auto t0 = std::chrono::steady_clock::now();
     cudaStream_t cstream = reinterpret_cast<cudaStream_t>(stream);
@@ -355,10 +404,33 @@ class Loader::Impl {
     const DirectFile direct = OpenDirect(source, plan, options.io);
     FERRY_ASSIGN_OR_RETURN(DeviceRoute route, Route(source, direct.is_open()));
     const DevicePlan pieces = PlanDevice(plan, route);
-    DeviceJob job{source, plan,    pieces,         route,
-                  direct, cstream, options.verify, options.streaming_stores};
-    const int active = explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size());
-    FERRY_RETURN_IF_ERROR(RunDevice(job, current, dev, active));
+    // One-shot load: the first from this mapping. Its resident raw bytes are read with pread
+    // (no page faults on a mapping used once) by more workers; repeated loads of one file
+    // copy from the mapping they have already faulted in.
+    const bool one_shot = loaded_mapping.lock() != source.mapping();
+    loaded_mapping = source.mapping();
+    const int pread_fd =
+        one_shot && !route.cold && !route.from_mapping ? source.mapping()->fd() : -1;
+    // Streaming: declared after `out`, so it is finished (its thread joined) before `out` goes.
+    std::unique_ptr<Handover> handover;
+    if (on_ready != nullptr) {
+      std::vector<uint32_t> count(plan.res.size(), 0);
+      CountPieces(pieces.mapped, &count);
+      CountPieces(pieces.staged, &count);
+      handover = std::make_unique<Handover>(*on_ready, when, out, true, stream, current);
+      FERRY_RETURN_IF_ERROR(handover->Start(std::move(count)));
+    }
+    DeviceJob job{source,   plan,          pieces,         route,
+                  direct,   cstream,       options.verify, options.streaming_stores,
+                  pread_fd, handover.get()};
+    const int active =
+        explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size(), one_shot);
+    Status ran = RunDevice(job, current, dev, active);
+    if (handover) {
+      Status handed = handover->Finish();
+      if (ran.ok()) ran = std::move(handed);
+    }
+    FERRY_RETURN_IF_ERROR(ran);
 
     stats = LoadStats{};
     stats.bytes = plan.bytes();
@@ -366,19 +438,29 @@ class Loader::Impl {
     stats.pinned_bytes = ring->pinned_bytes();
     stats.used_register = route.from_mapping;
     stats.used_direct_io = route.cold;
+    stats.used_pread = pread_fd >= 0;
     stats.seconds = SecondsSince(t0);
     return out;
   }
 #endif  // FERRY_HAVE_CUDA
 
   Result<std::vector<LoadedTensor>> HostLoad(const Reader& reader,
-                                             const std::vector<LoadRequest>& requests) {
+                                             const std::vector<LoadRequest>& requests,
+                                             const ReadyCallback* on_ready = nullptr) {
     const BlockSource& source = BlocksOf(reader);
     auto t0 = std::chrono::steady_clock::now();
     FERRY_ASSIGN_OR_RETURN(LoadPlan plan, Resolve(source, requests));
     std::vector<LoadedTensor> out;
     FERRY_RETURN_IF_ERROR(AllocateHost(source, plan, &out));
     const std::vector<Piece> pieces = MakePieces(plan, options.slot_bytes);
+    std::unique_ptr<Handover> handover;
+    if (on_ready != nullptr) {
+      std::vector<uint32_t> count(plan.res.size(), 0);
+      CountPieces(pieces, &count);
+      handover =
+          std::make_unique<Handover>(*on_ready, HandOver::kComplete, out, false, nullptr, nullptr);
+      FERRY_RETURN_IF_ERROR(handover->Start(std::move(count)));
+    }
     const DirectFile direct = OpenDirect(source, plan, options.io);
     ReadPath how;
     how.verify = options.verify;
@@ -394,9 +476,14 @@ class Loader::Impl {
         const Piece& p = pieces[k];
         const Resolved& rr = plan.res[p.r];
         Status st = source.Read(rr.tensor, p.begin, p.len, rr.dst + p.dst_off, how);
+        if (st.ok() && handover) st = handover->PieceDone(p.r);
         if (!st.ok()) error.Set(std::move(st));
       }
     });
+    if (handover) {
+      Status st = handover->Finish();
+      if (!st.ok()) error.Set(std::move(st));
+    }
     if (error.failed()) return error.Get();
     stats = LoadStats{};
     stats.used_direct_io = direct.is_open();
@@ -482,6 +569,40 @@ Result<std::vector<LoadedTensor>> Loader::LoadToHost(const Reader& reader,
                                                      const std::vector<LoadRequest>& requests) {
   std::lock_guard<std::mutex> lock(impl_->call_mu);
   return impl_->HostLoad(reader, requests);
+}
+
+Result<std::vector<LoadedTensor>> Loader::LoadStreaming(const Reader& reader,
+                                                        const std::vector<LoadRequest>& requests,
+                                                        const ReadyCallback& on_ready,
+                                                        HandOver when, Stream stream,
+                                                        const DeviceAllocator* allocator) {
+  if (!on_ready) {
+    return Error(StatusCode::kInvalidArgument, reader.path(), ": LoadStreaming without a callback");
+  }
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+#ifdef FERRY_HAVE_CUDA
+  if (allocator != nullptr && !allocator->allocate) {
+    return Error(StatusCode::kInvalidArgument, reader.path(), ": allocator without allocate");
+  }
+  return impl_->DeviceLoad(reader, requests, stream, allocator, &on_ready, when);
+#else
+  (void)requests;
+  (void)when;
+  (void)stream;
+  (void)allocator;
+  return Error(StatusCode::kUnimplemented, reader.path(),
+               ": this build of TensorFerry has no CUDA support (use LoadToHostStreaming)");
+#endif
+}
+
+Result<std::vector<LoadedTensor>> Loader::LoadToHostStreaming(
+    const Reader& reader, const std::vector<LoadRequest>& requests, const ReadyCallback& on_ready) {
+  if (!on_ready) {
+    return Error(StatusCode::kInvalidArgument, reader.path(),
+                 ": LoadToHostStreaming without a callback");
+  }
+  std::lock_guard<std::mutex> lock(impl_->call_mu);
+  return impl_->HostLoad(reader, requests, &on_ready);
 }
 
 LoadStats Loader::last_stats() const {

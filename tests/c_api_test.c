@@ -575,6 +575,65 @@ static void test_tensor_table(const char* path) {
   ferry_reader_free(r);
 }
 
+/* Streaming host loads: each tensor handed over once, loaded already, with its index. */
+struct ready_log {
+  int calls;
+  int seen[5];
+  int bytes_ok;
+};
+
+static void on_ready_host(void* user, size_t index, const DLTensor* tensor, void* event) {
+  struct ready_log* log = (struct ready_log*)user;
+  ++log->calls;
+  if (index >= 5 || event != NULL || tensor == NULL) {
+    log->bytes_ok = 0;
+    return;
+  }
+  ++log->seen[index];
+  /* Name order: bf16, fp4, fp8, matrix, scalar. */
+  if (index == 0) log->bytes_ok &= memcmp(tensor->data, g_bf16, sizeof(g_bf16)) == 0;
+  if (index == 3) {
+    log->bytes_ok &= tensor->ndim == 2 && tensor->shape[0] == 6 && tensor->shape[1] == 4;
+    log->bytes_ok &= memcmp(tensor->data, g_matrix, sizeof(g_matrix)) == 0;
+  }
+  if (index == 4) log->bytes_ok &= *(const int64_t*)tensor->data == -42;
+}
+
+static void test_streaming_host(const char* path) {
+  ferry_reader_t* r = NULL;
+  ferry_loader_t* l = NULL;
+  ferry_error_t err;
+  DLManagedTensorVersioned* all[5];
+  struct ready_log log;
+  size_t i;
+
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  CHECK_OK(ferry_loader_create(NULL, &l, &err));
+  if (r == NULL || l == NULL) {
+    ferry_reader_free(r);
+    ferry_loader_free(l);
+    return;
+  }
+  memset(&log, 0, sizeof(log));
+  log.bytes_ok = 1;
+  memset(all, 0, sizeof(all));
+  CHECK_OK(ferry_loader_load_to_host_streaming(l, r, NULL, 0, on_ready_host, &log, all, &err));
+  CHECK(log.calls == 5);
+  for (i = 0; i < 5; ++i) CHECK(log.seen[i] == 1);
+  CHECK(log.bytes_ok);
+  if (all[3] != NULL) CHECK(memcmp(all[3]->dl_tensor.data, g_matrix, sizeof(g_matrix)) == 0);
+  for (i = 0; i < 5; ++i) ferry_dlpack_free(all[i]);
+
+  CHECK(ferry_loader_load_to_host_streaming(l, r, NULL, 0, NULL, &log, all, &err) ==
+        FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "on_ready"));
+  CHECK(ferry_loader_load_packed_streaming(l, r, NULL, 0, 7, on_ready_host, &log, NULL, &err) ==
+        FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "hand_over 7"));
+  ferry_loader_free(l);
+  ferry_reader_free(r);
+}
+
 static void test_errors(const char* path) {
   char missing[600], corrupt[600];
   ferry_reader_t* r = NULL;
@@ -806,6 +865,7 @@ int main(int argc, char** argv) {
     test_read(path);
     test_loader_host(path);
     test_tensor_table(path);
+    test_streaming_host(path);
     test_errors(path);
     test_sharded(path);
   }

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "test_util.hpp"
@@ -186,6 +188,69 @@ TEST_F(LoaderTest, DirectReadOfTruncatedFileIsAnError) {
   EXPECT_NE(bad.status().message().find("truncated"), std::string::npos) << bad.status().ToString();
 }
 
+// Every tensor handed over exactly once, its bytes already in place when it is, in file
+// order (one worker makes that order exact), on one callback thread that is neither the
+// caller's nor running twice at once.
+TEST_F(LoaderTest, HostStreamingHandsOverEachTensorOnceLoaded) {
+  for (int threads : {1, 4}) {
+    LoaderOptions o;
+    o.threads = threads;
+    o.slot_bytes = 16 << 10;
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    std::vector<int> seen(reader_->num_tensors(), 0);
+    std::vector<uint64_t> offsets;
+    std::atomic<int> inside{0};
+    std::thread::id callback_thread;
+    bool bytes_ok = true, one_thread = true, overlapped = false;
+    auto on_ready = [&](const ReadyTensor& t) {
+      overlapped = overlapped || inside.fetch_add(1) != 0;
+      if (callback_thread == std::thread::id()) callback_thread = std::this_thread::get_id();
+      one_thread = one_thread && callback_thread == std::this_thread::get_id();
+      EXPECT_EQ(t.ready, nullptr);
+      ++seen.at(t.index);
+      const auto& want = expected_.at(t.tensor->info.name);
+      bytes_ok = bytes_ok && t.tensor->nbytes == want.size() &&
+                 (want.empty() || std::memcmp(t.tensor->data, want.data(), want.size()) == 0);
+      if (t.tensor->nbytes > 0) offsets.push_back(t.tensor->info.data_offset);
+      inside.fetch_sub(1);
+    };
+    auto out = (*loader)->LoadToHostStreaming(*reader_, {}, on_ready);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(out->size(), reader_->num_tensors());
+    EXPECT_EQ(seen, std::vector<int>(reader_->num_tensors(), 1));
+    EXPECT_TRUE(bytes_ok);
+    EXPECT_TRUE(one_thread);
+    EXPECT_FALSE(overlapped);
+    EXPECT_NE(callback_thread, std::this_thread::get_id());
+    if (threads == 1) EXPECT_TRUE(std::is_sorted(offsets.begin(), offsets.end()));
+  }
+}
+
+TEST_F(LoaderTest, StreamingCallbackErrors) {
+  auto loader = Loader::Create();
+  ASSERT_TRUE(loader.ok());
+  EXPECT_EQ((*loader)->LoadToHostStreaming(*reader_, {}, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  int calls = 0;
+  auto out = (*loader)->LoadToHostStreaming(*reader_, {}, [&](const ReadyTensor&) {
+    ++calls;
+    throw std::runtime_error("consumer gave up");
+  });
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInternal);
+  EXPECT_NE(out.status().message().find("consumer gave up"), std::string::npos);
+  EXPECT_EQ(calls, 1);
+  // The loader is usable afterwards.
+  std::vector<LoadRequest> one(1);
+  one[0].name = "scalar";
+  int later = 0;
+  auto again = (*loader)->LoadToHostStreaming(*reader_, one,
+                                              [&](const ReadyTensor& t) { later += 1 + t.index; });
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(later, 1);
+}
+
 #ifdef FERRY_HAVE_CUDA
 
 #define SKIP_WITHOUT_GPU() \
@@ -242,6 +307,34 @@ TEST_F(DeviceLoaderTest, EveryDTypeBitExactBothHostPaths) {
   }
 }
 
+// The first load from a mapping reads with pread (one-shot); the next one from the same
+// reader copies from the mapping. Both bit-exact, with and without verification.
+TEST_F(DeviceLoaderTest, OneShotThenRepeatedLoadBitExact) {
+  SKIP_WITHOUT_GPU();
+  for (bool verify : {false, true}) {
+    LoaderOptions o;
+    o.io = IoMode::kPageCache;
+    o.verify = verify;
+    o.slot_bytes = 32 << 10;
+    o.staging_bytes = 128 << 10;
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    int dev = -1;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    for (bool first : {true, false}) {
+      auto out = (*loader)->Load(*reader_, {});
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      EXPECT_EQ((*loader)->last_stats().used_pread, first);
+      CheckAll(*out, dev);
+    }
+    // A new reader of the same file is a new mapping: one-shot again.
+    auto again = Reader::Open(path_);
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE((*loader)->Load(**again, {}).ok());
+    EXPECT_TRUE((*loader)->last_stats().used_pread);
+  }
+}
+
 TEST_F(DeviceLoaderTest, DirectIoBitExact) {
   SKIP_WITHOUT_GPU();
   LoaderOptions o;
@@ -287,6 +380,60 @@ TEST_F(DeviceLoaderTest, StreamOrderingOnCallerStream) {
   EXPECT_EQ(host, want);
   cudaFree(scratch);
   cudaFree(dst);
+  cudaStreamDestroy(s);
+}
+
+// Streaming on a caller's stream held back by slow work queued first. kEnqueued: inside the
+// callback a second stream waits on `ready` and copies the tensor back, which must already
+// hold the loaded bytes. kComplete: the tensor is read on an unrelated stream without any
+// wait, so the copies must be complete when it is handed over.
+TEST_F(DeviceLoaderTest, StreamingOrderOnCallerStreamBitExact) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t s, other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  void* scratch = nullptr;
+  const size_t scratch_bytes = size_t{1} << 30;
+  ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
+  int dev = -1;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  for (HandOver when : {HandOver::kEnqueued, HandOver::kComplete}) {
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_EQ(cudaMemsetAsync(scratch, i, scratch_bytes, s), cudaSuccess);
+    }
+    LoaderOptions o;
+    o.slot_bytes = 32 << 10;
+    o.staging_bytes = 128 << 10;
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    std::map<std::string, std::vector<uint8_t>> got;
+    std::vector<int> seen(reader_->num_tensors(), 0);
+    auto on_ready = [&](const ReadyTensor& t) {
+      ++seen.at(t.index);
+      EXPECT_NE(t.ready, nullptr);
+      EXPECT_EQ(t.tensor->device, dev);
+      std::vector<uint8_t>& host = got[t.tensor->info.name];
+      host.resize(t.tensor->nbytes);
+      if (host.empty()) return;
+      if (when == HandOver::kEnqueued) {
+        EXPECT_EQ(cudaStreamWaitEvent(other, reinterpret_cast<cudaEvent_t>(t.ready), 0),
+                  cudaSuccess);
+      }
+      EXPECT_EQ(
+          cudaMemcpyAsync(host.data(), t.tensor->data, host.size(), cudaMemcpyDeviceToHost, other),
+          cudaSuccess);
+      if (when == HandOver::kComplete) EXPECT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+    };
+    auto out = (*loader)->LoadStreaming(*reader_, {}, on_ready, when, reinterpret_cast<Stream>(s));
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+    EXPECT_EQ(seen, std::vector<int>(reader_->num_tensors(), 1));
+    for (const auto& [name, want] : expected_) EXPECT_EQ(got[name], want) << name;
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    CheckAll(*out, dev);
+  }
+  cudaFree(scratch);
+  cudaStreamDestroy(other);
   cudaStreamDestroy(s);
 }
 

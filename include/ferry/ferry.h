@@ -711,6 +711,44 @@ FERRY_API int ferry_loader_load_packed(ferry_loader_t* loader, const ferry_reade
 FERRY_API int ferry_loader_load_to_host_packed(ferry_loader_t* loader, const ferry_reader_t* reader,
                                                void* dst, uint64_t dst_size, ferry_error_t* error);
 
+/* Streaming loads: every tensor handed to `on_ready` while the rest still loads, so a
+ * framework can build modules as their weights land.
+ * - hand_over FERRY_HAND_OVER_COMPLETE: once every copy into the tensor is complete (anything
+ *   may read it). FERRY_HAND_OVER_ENQUEUED: once they are enqueued on `stream`, followed by
+ *   `event` (a cudaEvent_t): work enqueued on `stream` afterwards runs after them; other
+ *   streams wait with cudaStreamWaitEvent(event) inside the callback.
+ * - on_ready(user, index, tensor, event): `index` is the request's position (with no
+ *   requests, or in a packed load: the tensor's index in name order); `tensor` describes the
+ *   destination (borrowed: valid during the call; the owning tensor comes in out[index] when
+ *   the load returns); `event` is valid during the call, NULL for host loads. Calls come one at
+ *   a time from one thread the loader starts (never a copy worker), in the order the tensors'
+ *   last copies were enqueued. The callback must not call the same loader.
+ * - The call returns once every tensor was handed over (with ENQUEUED, the stream then still
+ *   runs the copies, as ferry_loader_load_async). Otherwise as the non-streaming forms. */
+#define FERRY_HAND_OVER_COMPLETE 0
+#define FERRY_HAND_OVER_ENQUEUED 1
+
+typedef void (*ferry_ready_fn)(void* user, size_t index, const DLTensor* tensor, void* event);
+
+FERRY_API int ferry_loader_load_streaming(ferry_loader_t* loader, const ferry_reader_t* reader,
+                                          const ferry_load_request_t* requests, size_t num_requests,
+                                          const ferry_allocator_t* allocator, int32_t hand_over,
+                                          ferry_ready_fn on_ready, void* user,
+                                          DLManagedTensorVersioned** out, void* stream,
+                                          ferry_error_t* error);
+FERRY_API int ferry_loader_load_to_host_streaming(ferry_loader_t* loader,
+                                                  const ferry_reader_t* reader,
+                                                  const ferry_load_request_t* requests,
+                                                  size_t num_requests, ferry_ready_fn on_ready,
+                                                  void* user, DLManagedTensorVersioned** out,
+                                                  ferry_error_t* error);
+/* Packed and streaming (device): as ferry_loader_load_packed, each tensor handed over. */
+FERRY_API int ferry_loader_load_packed_streaming(ferry_loader_t* loader,
+                                                 const ferry_reader_t* reader, void* dst,
+                                                 uint64_t dst_size, int32_t hand_over,
+                                                 ferry_ready_fn on_ready, void* user, void* stream,
+                                                 ferry_error_t* error);
+
 /* ---- sharded checkpoints and distributed plans ------------------------------------------ */
 
 /* A sharded checkpoint: an index ("model.ferry.index.json" or "model.safetensors.index.json":

@@ -27,11 +27,13 @@
 #include "ferry/ferry.hpp"
 
 struct CUstream_st;
+struct CUevent_st;
 
 namespace ferry {
 
-// Same type as cudaStream_t / CUstream, without including CUDA headers.
+// Same types as cudaStream_t / CUstream and cudaEvent_t / CUevent, without CUDA headers.
 using Stream = CUstream_st*;
+using Event = CUevent_st*;
 
 // True when this build has the CUDA loader and a device is usable (any CUDA error: false).
 FERRY_API bool CudaAvailable();
@@ -71,15 +73,18 @@ enum class PinnedAlloc : uint8_t {
 };
 
 struct LoaderOptions {
-  // Pinned staging memory, split into slots of slot_bytes (each with 8 KiB of room for
-  // aligning direct reads).
+  // Pinned staging memory: as many slots of slot_bytes (each with 8 KiB of room for aligning
+  // direct reads) as fit, at least two; allocated on 2 MiB transparent huge pages where the
+  // kernel gives them (faster to pin), rounded up to 2 MiB.
   uint64_t staging_bytes = uint64_t{64} << 20;
   // Bytes per staging slot and per DMA; small tensors are packed into one slot when their
   // destinations are contiguous.
   uint64_t slot_bytes = uint64_t{4} << 20;
   // CPU worker threads (copy, decode, verify). 0: min(16, hardware threads). Loads of raw
   // tensors use at most 8 of them (more measured slower on an H200 host: the copy is memory
-  // bound); loads that are mostly compressed use all of them (decode bound).
+  // bound), except a one-shot load (the first this loader makes from a Reader's file
+  // mapping), which reads resident data with pread on up to 12 (faster in fresh processes);
+  // loads that are mostly compressed use all of them (decode bound).
   int threads = 0;
   HostPath host_path = HostPath::kAuto;
   IoMode io = IoMode::kAuto;
@@ -106,6 +111,8 @@ struct LoadRequest {
 // A loaded tensor. `info.shape` reflects a row range. When the loader allocated the memory,
 // `owner` frees it (through the caller's allocator, on the load stream, or std::free for host)
 // once the last copy of `owner` is dropped; with a caller-provided `dst`, `owner` is null.
+// Without a caller's allocator, the tensors of one load share one allocation (one
+// cudaMallocAsync, or one host allocation), freed when the last of them is dropped.
 struct LoadedTensor {
   TensorInfo info;
   void* data = nullptr;
@@ -114,6 +121,38 @@ struct LoadedTensor {
   std::shared_ptr<void> owner;
 };
 
+// Streaming loads (Loader::LoadStreaming): when a tensor is handed over.
+enum class HandOver : uint8_t {
+  // Once every copy into the tensor is complete: anything may read it, on any stream or the
+  // host. What a framework building modules while the rest loads wants.
+  kComplete = 0,
+  // Once every copy into it is enqueued on the load stream, followed by `ready`: work the
+  // callback enqueues on that stream runs after the copies; another stream waits with
+  // cudaStreamWaitEvent(ready) inside the callback. The earliest hand-over.
+  kEnqueued = 1,
+};
+
+// One tensor handed over by a streaming load.
+struct ReadyTensor {
+  // Position in the requests (with no requests: the tensor's index in name order), which is
+  // also its position in the vector the load returns.
+  size_t index = 0;
+  // The tensor as the load will return it. Valid during the callback; copy it (a
+  // LoadedTensor is cheap to copy and keeps loader-allocated memory alive) to keep it.
+  const LoadedTensor* tensor = nullptr;
+  // Device loads: an event recorded on the load stream after the tensor's last copy
+  // (already complete with HandOver::kComplete). Valid until the callback returns: wait on it
+  // (cudaStreamWaitEvent, cudaEventSynchronize) inside the callback. Host loads: null.
+  Event ready = nullptr;
+};
+
+// Called once per tensor, in the order the tensors' last copies were enqueued (file order,
+// give or take the interleaving of the worker threads), from one thread the loader starts for
+// the load: never two calls at once, never on a copy worker, so a slow callback delays later
+// hand-overs but not the copies. It must not call back into the same Loader. An exception it
+// throws fails the load (Internal) and no further tensor is handed over.
+using ReadyCallback = std::function<void(const ReadyTensor&)>;
+
 // Figures of the last load, for benchmarks and logs.
 struct LoadStats {
   uint64_t bytes = 0;           // raw bytes delivered
@@ -121,6 +160,7 @@ struct LoadStats {
   uint64_t pinned_bytes = 0;    // pinned staging memory held by the loader
   bool used_register = false;   // the page-cache registration path was taken
   bool used_direct_io = false;  // O_DIRECT reads were used
+  bool used_pread = false;      // a one-shot load: resident raw bytes read with pread
   double seconds = 0;           // wall time of the call
 };
 
@@ -146,6 +186,21 @@ class FERRY_API Loader {
   // Host memory target; needs no GPU. Parallel over the worker threads.
   Result<std::vector<LoadedTensor>> LoadToHost(const Reader& reader,
                                                const std::vector<LoadRequest>& requests);
+
+  // Streaming forms: as LoadAsync and LoadToHost, and every tensor goes to `on_ready` as soon
+  // as it is loaded (see HandOver and ReadyCallback) while the rest still loads. They return
+  // once every tensor was handed over: with HandOver::kComplete the data is then complete;
+  // with kEnqueued, as LoadAsync, once `stream` reaches this point. On failure the tensors
+  // handed over before it stay valid only while the caller holds copies of them.
+  Result<std::vector<LoadedTensor>> LoadStreaming(const Reader& reader,
+                                                  const std::vector<LoadRequest>& requests,
+                                                  const ReadyCallback& on_ready,
+                                                  HandOver when = HandOver::kComplete,
+                                                  Stream stream = nullptr,
+                                                  const DeviceAllocator* allocator = nullptr);
+  Result<std::vector<LoadedTensor>> LoadToHostStreaming(const Reader& reader,
+                                                        const std::vector<LoadRequest>& requests,
+                                                        const ReadyCallback& on_ready);
 
   LoadStats last_stats() const;
   const LoaderOptions& options() const;

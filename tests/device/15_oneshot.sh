@@ -64,7 +64,10 @@ step format_bench timeout 90 "$BUILD/benchmarks/format_bench" --benchmark_filter
   > "$OUT/open_index.txt" 2>&1
 # The packed C and Python paths on the device.
 mkdir -p "$OUT/scratch"
-step c_api_test "$BUILD/tests/c_api_test" "$OUT/scratch" > "$OUT/c_api_test.txt" 2>&1
+LD_LIBRARY_PATH="$BUILD/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" step c_api_test \
+  "$BUILD/tests/c_api_test" "$OUT/scratch" > "$OUT/c_api_test.txt" 2>&1
+# The loader's device tests (streaming order on a caller's stream among them).
+step loader_test timeout 120 "$BUILD/tests/loader_test" > "$OUT/loader_test.txt" 2>&1
 FERRY_BUILD_DIR="$BUILD" step pytest timeout 240 python3 -m pytest -q -p no:cacheprovider \
   "$ROOT/tests/python/test_torch.py" "$ROOT/tests/python/test_numpy.py" > "$OUT/pytest.txt" 2>&1
 
@@ -75,6 +78,7 @@ echo "== oneshot_bench =="; cat "$OUT/oneshot.txt"
 echo "== many tensors (Python) =="; cat "$OUT/many_tensors.txt"
 echo "== C++ open + index, 100,000 tensors =="; grep -E "OpenIndex|CPUs" "$OUT/open_index.txt"
 echo "== c_api_test =="; tail -n 3 "$OUT/c_api_test.txt"
+echo "== loader_test =="; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/loader_test.txt"
 echo "== pytest (torch, numpy) =="; tail -n 5 "$OUT/pytest.txt"
 echo "== exit status per step:$status"
 exit $rc

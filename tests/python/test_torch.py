@@ -202,3 +202,39 @@ def test_dlpack_device_tensors(path):
         same(t, x)
         del t
         loader.close()
+
+
+@needs_cuda
+def test_load_iter_hands_over_each_tensor_complete(path):
+    src = {"w%03d" % i: make(DTYPES[i % len(DTYPES)], (i % 5 + 1, 3)) for i in range(40)}
+    src["scalar"] = make(torch.float32, ())
+    src["empty"] = torch.zeros(0, 4)
+    src["big"] = torch.randn(1024, 4096)  # several 4 MiB chunks
+    tf.save_file(src, path)
+    side = torch.cuda.Stream()
+    seen = []
+    with torch.cuda.stream(side):  # copies run on the current torch stream
+        # Slow work first on that stream: a tensor handed over before its copy completed
+        # would read back as the memset's zeros below instead of its bytes.
+        scratch = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+        for _ in range(4):
+            scratch.fill_(0)
+        for name, t in tf.load_iter(path, device="cuda"):
+            assert t.device.index == torch.cuda.current_device()
+            # Read on another stream without waiting: the tensor must be complete.
+            with torch.cuda.stream(torch.cuda.Stream()):
+                host = t.to("cpu", non_blocking=False)
+            same(host, src[name])
+            seen.append(name)
+    assert sorted(seen) == sorted(src)
+
+
+@needs_cuda
+def test_load_iter_errors_and_early_exit(path, tmp_path):
+    tf.save_file({"a": torch.ones(3), "b": torch.zeros(2)}, path)
+    it = tf.load_iter(path, device="cuda")
+    name, t = next(it)
+    assert name in ("a", "b")
+    it.close()  # waits for the load, frees the reader
+    with pytest.raises(tf.NotFoundError):
+        next(tf.load_iter(str(tmp_path / "missing.ferry"), device="cuda"))

@@ -36,8 +36,9 @@ from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidA
 from ._convert import convert
 
 __all__ = [
-    "save_file", "save_file_async", "StagingPool", "SaveFuture", "load_file", "safe_open", "read_metadata", "read_scaling_state", "Reader",
-    "Loader", "TensorInfo", "DLPackTensor", "cuda_available", "version", "load_library",
+    "save_file", "save_file_async", "StagingPool", "SaveFuture", "load_file", "load_iter",
+    "safe_open", "read_metadata", "read_scaling_state", "Reader", "Loader", "TensorInfo",
+    "DLPackTensor", "cuda_available", "version", "load_library",
     "library_path", "FerryError", "InvalidArgumentError", "NotFoundError", "DataLossError",
     "ResourceExhaustedError", "UnimplementedError", "InternalError", "CudaError", "IoError",
     "convert",
@@ -848,6 +849,76 @@ def _torch_cuda_load_all(reader, device, verify=False):
             if copied:
                 stream.synchronize()
     return out
+
+
+def load_iter(path, device="cuda", verify=False):
+    """Yields (name, torch tensor) for every tensor of a checkpoint as soon as its copy onto
+    `device` is complete, while the rest still loads, so a framework can build modules as
+    their weights land. Tensors come in the order their copies finish (file order, give or
+    take the interleaving of the copy threads), each exactly once.
+
+    `device`: "cuda" (the current device), "cuda:N" or a torch.device. Copies run on that
+    device's current torch stream, into one allocation shared by all tensors (as load_file).
+    A yielded tensor is complete: any stream may read it. Leaving the loop early waits for
+    the load to finish before the generator closes. Errors are raised at the point of
+    iteration where they happen, after the tensors handed over before them."""
+    import queue
+
+    torch = _torch()
+    index = _cuda_index(torch, device)
+    reader = Reader(path)
+    thread = None
+    try:
+        if verify:
+            reader.verify()
+        nbytes_all = reader._packed_bytes
+        with torch.cuda.device(index):
+            stream = torch.cuda.current_stream(index)
+            dev = torch.device("cuda", index)
+            with torch.cuda.stream(stream):
+                flat = torch.empty(max(1, nbytes_all), dtype=torch.uint8, device=dev)
+        ready = queue.SimpleQueue()
+        failure = []
+        # Called on the loader's hand-over thread; only queues the index.
+        callback = _lib.READY_FN(lambda user, i, tensor, event: ready.put(i))
+        loader = _default_loader(index)
+
+        def run():
+            try:
+                with torch.cuda.device(index):  # the loader targets this thread's device
+                    _lib.call("ferry_loader_load_packed_streaming", loader._handle,
+                              reader.handle, ctypes.c_void_p(flat.data_ptr()), nbytes_all,
+                              _lib.HAND_OVER_COMPLETE, callback, None,
+                              ctypes.c_void_p(stream.cuda_stream))
+            except BaseException as e:  # raised in the consumer's thread below
+                failure.append(e)
+            finally:
+                ready.put(None)
+
+        thread = threading.Thread(target=run, name="tensorferry-load-iter", daemon=True)
+        thread.start()
+        while True:
+            i = ready.get()
+            if i is None:
+                break
+            name, code, shape, nbytes, _, _, _, offset = reader._record(i)
+            dtype = _dtypes.NAMES[code]
+            t = _torch_view(torch, flat, offset, dtype, shape, nbytes)
+            if t is None:  # no view of that dtype and shape: a copy of the bytes
+                with torch.cuda.device(index):
+                    t = _torch_empty(torch, dtype, shape, nbytes, dev)
+                    if nbytes:
+                        t.view(-1).view(torch.uint8).copy_(flat.narrow(0, offset, nbytes))
+                        torch.cuda.current_stream(index).synchronize()
+            yield name, t
+        thread.join()
+        thread = None
+        if failure:
+            raise failure[0]
+    finally:
+        if thread is not None:  # left early: the load still writes into `flat`
+            thread.join()
+        reader.close()
 
 
 class Loader(_Closable):

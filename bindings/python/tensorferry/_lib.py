@@ -204,6 +204,12 @@ class TensorTable(ctypes.Structure):
     ]
 
 
+# ferry_ready_fn: (user, index, const DLTensor*, event).
+READY_FN = ctypes.CFUNCTYPE(None, c_void_p, c_size_t, c_void_p, c_void_p)
+HAND_OVER_COMPLETE = 0
+HAND_OVER_ENQUEUED = 1
+
+
 class PlanItem(ctypes.Structure):
     _fields_ = [("bytes", c_uint64), ("row_bytes", c_uint64)]
 
@@ -470,6 +476,8 @@ def _declare(lib):
     for name in ("ferry_loader_load_packed_async", "ferry_loader_load_packed"):
         fn(name, I, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, E)
     fn("ferry_loader_load_to_host_packed", I, c_void_p, c_void_p, c_void_p, c_uint64, E)
+    fn("ferry_loader_load_packed_streaming", I, c_void_p, c_void_p, c_void_p, c_uint64, c_int32,
+       READY_FN, c_void_p, c_void_p, E)
 
     fn("ferry_sharded_open", I, c_char_p, POINTER(ReaderOptions), POINTER(c_void_p), E)
     fn("ferry_sharded_free", None, c_void_p)
