@@ -17,6 +17,8 @@
 #include <mutex>
 
 #include "cuda_util.hpp"
+#include "planes.hpp"
+#include "planes_stage.hpp"
 #include "reader_impl.hpp"
 #include "util.hpp"
 #include "worker_pool.hpp"
@@ -72,6 +74,8 @@ struct Batch {
   // the slot; each piece then sits at its file offset minus span_begin.
   bool direct = false;
   uint64_t span_begin = 0, span_len = 0;
+  // PLANES blocks whose stored bytes go to the device, which expands them (GPU decode).
+  bool planes = false;
 };
 
 // Page and O_DIRECT alignment (also the unit of page-cache registration).
@@ -174,6 +178,46 @@ void AppendBatches(std::vector<Piece>& pieces, uint32_t first, uint32_t last, ui
     uint64_t need = AlignUp(pieces[i].len, 64);
     if (!open || used + need > slot_bytes) {
       batches->push_back(Batch{i, i + 1});
+      used = 0;
+      open = true;
+    } else {
+      batches->back().last = i + 1;
+    }
+    pieces[i].soff = used;
+    used += need;
+  }
+}
+
+// A whole PLANES-coded block: the device can expand it straight into the destination.
+bool DevicePlanesPiece(const Reader::Impl& r, const Resolved& rr, const Piece& p) {
+  if (rr.info.encoding != Encoding::kPlanes || p.len == 0) return false;
+  const fb::Tensor* t = r.at(rr.tensor);
+  const uint64_t bs = t->block_size();
+  if (p.begin % bs != 0 || p.len != r.BlockRawSize(rr.tensor, p.begin / bs)) return false;
+  const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(p.begin / bs));
+  return ch->codec() == fb::ChunkCodec::PLANES;
+}
+
+// Stored size of a PLANES piece (see DevicePlanesPiece).
+uint64_t PlanesStoredSize(const Reader::Impl& r, const Resolved& rr, const Piece& p) {
+  const fb::Tensor* t = r.at(rr.tensor);
+  return t->chunks()
+      ->Get(static_cast<flatbuffers::uoffset_t>(p.begin / t->block_size()))
+      ->stored_size();
+}
+
+// Packs PLANES pieces by stored size, 256-byte aligned (the decoder's source alignment).
+void AppendPlanesBatches(const Reader::Impl& r, const std::vector<Resolved>& res,
+                         std::vector<Piece>& pieces, uint32_t first, uint32_t last,
+                         uint64_t slot_bytes, std::vector<Batch>* batches) {
+  uint64_t used = 0;
+  bool open = false;
+  for (uint32_t i = first; i < last; ++i) {
+    uint64_t need = AlignUp(PlanesStoredSize(r, res[pieces[i].r], pieces[i]), 256);
+    if (!open || used + need > slot_bytes) {
+      Batch b{i, i + 1};
+      b.planes = true;
+      batches->push_back(b);
       used = 0;
       open = true;
     } else {
@@ -426,6 +470,12 @@ class Loader::Impl {
   std::mutex slot_mu;
   std::condition_variable slot_cv;
 
+#ifdef FERRY_HAVE_CUDA_KERNELS
+  // Device twins of the ring slots for PLANES blocks, and the load's first PLANES piece.
+  PlanesStage planes_stage;
+  uint32_t planes_first = 0;
+#endif
+
   ~Impl() { ReleaseCuda(); }
 
   void WaitInFlight() {
@@ -460,6 +510,9 @@ class Loader::Impl {
   }
 
   void ReleaseCuda() {
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    planes_stage.Release();
+#endif
     if (events_ctx == nullptr && ring == nullptr) return;
     ScopedContext scope(events_ctx);
     Unregister();
@@ -574,10 +627,18 @@ class Loader::Impl {
     // Raw pieces go straight from the registered mapping, or through one direct read per
     // batch; everything else is filled by the CPU (copy or decode) into the ring.
     std::vector<Piece> all = MakePieces(res, order, options.chunk_bytes);
-    std::vector<Piece> direct, staged, direct_raw;
+    std::vector<Piece> direct, staged, direct_raw, device_planes;
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    // Checksums are computed on the host, so verified loads decode PLANES blocks there.
+    const bool planes_on_device = !options.verify;
+#else
+    const bool planes_on_device = false;
+#endif
     for (const Piece& p : all) {
       bool raw = res[p.r].info.encoding == Encoding::kRaw;
-      if (use_register && raw) {
+      if (planes_on_device && DevicePlanesPiece(r, res[p.r], p)) {
+        device_planes.push_back(p);
+      } else if (use_register && raw) {
         direct.push_back(p);
       } else if (direct_fd >= 0 && raw) {
         direct_raw.push_back(p);
@@ -591,6 +652,18 @@ class Loader::Impl {
     AppendBatches(staged, 0, nfill, options.chunk_bytes, &batches);
     AppendDirectBatches(staged, nfill, static_cast<uint32_t>(staged.size()), res,
                         options.chunk_bytes + kSlotSlack, &batches);
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    const uint32_t nplanes = static_cast<uint32_t>(device_planes.size());
+    planes_first = static_cast<uint32_t>(staged.size());
+    staged.insert(staged.end(), device_planes.begin(), device_planes.end());
+    AppendPlanesBatches(r, res, staged, planes_first, static_cast<uint32_t>(staged.size()),
+                        options.chunk_bytes + kSlotSlack, &batches);
+    if (nplanes > 0) {
+      FERRY_RETURN_IF_ERROR(
+          planes_stage.Prepare(ctx, slots.size(), options.chunk_bytes + kSlotSlack, r.path));
+      FERRY_RETURN_IF_ERROR(planes_stage.StartLoad(nplanes, cstream, r.path));
+    }
+#endif
     std::vector<Group> groups;
     for (uint32_t i = 0; i < direct.size(); ++i) {
       const Piece& p = direct[i];
@@ -714,6 +787,25 @@ class Loader::Impl {
     cudaError_t terr = cudaEventRecord(tail, cstream);
     if (error.failed()) return error.Get();
     if (terr != cudaSuccess) return CudaStatus(terr, r.path, "cudaEventRecord");
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    if (nplanes > 0) {
+      // A corrupt unit shows up only once the decode has run: wait for it, so the load
+      // reports DataLoss naming the tensor and block instead of handing out garbage.
+      std::vector<uint32_t> errors(nplanes);
+      FERRY_RETURN_IF_ERROR(planes_stage.FetchErrors(cstream, &errors, r.path));
+      for (uint32_t i = 0; i < nplanes; ++i) {
+        if (errors[i] == 0) continue;
+        const Piece& p = staged[planes_first + i];
+        const Resolved& rr = res[p.r];
+        const fb::Tensor* t = r.at(rr.tensor);
+        const uint64_t b = p.begin / t->block_size();
+        return Error(
+            StatusCode::kDataLoss, r.Where(rr.tensor), ": block ", b, " at file offset ",
+            t->data_offset() + t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b))->offset(),
+            ": ", planes::DeviceErrorText(errors[i]), " (decoded on the GPU)");
+      }
+    }
+#endif
 
     stats = LoadStats{};
     for (const Resolved& rr : res) stats.bytes += rr.len;
@@ -732,6 +824,16 @@ class Loader::Impl {
       cudaError_t err = cudaEventSynchronize(slot.event);
       if (err != cudaSuccess) return CudaStatus(err, r.path, "waiting for a staging slot");
     }
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    if (batch.planes) {
+      FERRY_RETURN_IF_ERROR(StagePlanes(r, res, pieces, batch, slot, stream));
+      copies->fetch_add(1, std::memory_order_relaxed);
+      cudaError_t err = cudaEventRecord(slot.event, stream);
+      if (err != cudaSuccess) return CudaStatus(err, r.path, "cudaEventRecord");
+      slot.used = true;
+      return Status::Ok();
+    }
+#endif
     if (batch.direct) {
       const Piece& last = pieces[batch.last - 1];
       uint64_t need = res[last.r].info.data_offset + last.begin + last.len - batch.span_begin;
@@ -785,6 +887,44 @@ class Loader::Impl {
     slot.used = true;
     return Status::Ok();
   }
+
+#ifdef FERRY_HAVE_CUDA_KERNELS
+  // Copies the stored bytes of a batch of PLANES blocks into the slot (from the mapping: hot
+  // or cold, the page cache serves them), checks their headers and tables here, then sends
+  // them to the slot's device twin and expands them into their destinations on `stream`.
+  Status StagePlanes(const Reader::Impl& r, const std::vector<Resolved>& res,
+                     const std::vector<Piece>& pieces, const Batch& batch, Slot& slot,
+                     cudaStream_t stream) {
+    std::vector<PlanesStaged> blocks;
+    blocks.reserve(batch.last - batch.first);
+    uint64_t used = 0;
+    for (uint32_t i = batch.first; i < batch.last; ++i) {
+      const Piece& p = pieces[i];
+      const Resolved& rr = res[p.r];
+      const fb::Tensor* t = r.at(rr.tensor);
+      const uint64_t b = p.begin / t->block_size();
+      const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
+      const uint64_t at = t->data_offset() + ch->offset();
+      uint8_t* dst = slot.data + p.soff;
+      if (!r.mapping->Guard([&] { std::memcpy(dst, r.base() + at, ch->stored_size()); })) {
+        return r.Shrank(rr.tensor, at);
+      }
+      PlanesStaged s;
+      Status st = planes::Parse(dst, ch->stored_size(), p.len, &s.layout);
+      if (!st.ok()) {
+        return Error(StatusCode::kDataLoss, r.Where(rr.tensor), ": block ", b, " at file offset ",
+                     at, ": ", st.message());
+      }
+      s.soff = p.soff;
+      s.dst = rr.dst + p.dst_off;
+      s.error_index = i - planes_first;
+      blocks.push_back(s);
+      used = p.soff + ch->stored_size();
+    }
+    return planes_stage.Enqueue(static_cast<size_t>(&slot - slots.data()), slot.data, used, blocks,
+                                planes_stage.device_errors(), stream, r.path);
+  }
+#endif
 
   Status AllocateDevice(const Reader::Impl& r, std::vector<Resolved>& res,
                         const std::vector<size_t>& order, std::vector<LoadedTensor>& out,

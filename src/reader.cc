@@ -10,6 +10,7 @@
 
 #include "codec.hpp"
 #include "format.hpp"
+#include "planes.hpp"
 #include "reader_impl.hpp"
 #include "safetensors.hpp"
 #include "util.hpp"
@@ -147,7 +148,9 @@ struct Validator {
         if (nchunks != 0) return Fail(StrCat(where, ": raw tensor with a chunk table"));
         break;
       case fb::Encoding::ZSTD:
-      case fb::Encoding::SHUFFLE_ZSTD: {
+      case fb::Encoding::SHUFFLE_ZSTD:
+      case fb::Encoding::PLANES: {
+        const bool planes_tensor = t->encoding() == fb::Encoding::PLANES;
         if (nchunks != nblocks) {
           return Fail(StrCat(where, ": ", nchunks, " chunks for ", nblocks, " blocks"));
         }
@@ -168,6 +171,15 @@ struct Validator {
             if (ch->stored_size() != raw) {
               return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
                                  " bytes for a ", raw, "-byte block"));
+            }
+          } else if (planes_tensor || ch->codec() == fb::ChunkCodec::PLANES) {
+            // PLANES chunks belong to PLANES tensors, which hold nothing else but STORED.
+            if (!planes_tensor || ch->codec() != fb::ChunkCodec::PLANES ||
+                ch->stored_size() < planes::kHeaderSize || ch->stored_size() > planes::Bound(raw)) {
+              return Fail(StrCat(where, ": chunk ", c, " (codec ", static_cast<int>(ch->codec()),
+                                 ", ", ch->stored_size(), " bytes) impossible in a ",
+                                 EncodingName(static_cast<Encoding>(t->encoding())), " tensor's ",
+                                 raw, "-byte block"));
             }
           } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
             if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {
@@ -697,6 +709,15 @@ Status Reader::Impl::DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint
     if (!mapping->Guard([&] { std::memcpy(out, src, raw); })) {
       return Shrank(i, t->data_offset() + ch->offset());
     }
+  } else if (ch->codec() == fb::ChunkCodec::PLANES) {
+    Status st;
+    if (!mapping->Guard([&] { st = planes::Decode(src, ch->stored_size(), dst, raw, scratch); })) {
+      return Shrank(i, t->data_offset() + ch->offset());
+    }
+    if (!st.ok()) {
+      return Error(StatusCode::kDataLoss, Where(i), ": block ", b, " at file offset ",
+                   t->data_offset() + ch->offset(), ": ", st.message());
+    }
   } else {
     Status st;
     if (!mapping->Guard([&] { st = ZstdDecompressExact(src, ch->stored_size(), out, raw); })) {
@@ -745,7 +766,10 @@ Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* 
     uint64_t bbegin = b * bs;
     uint64_t braw = BlockRawSize(i, b);
     uint64_t lo = std::max(begin, bbegin), hi = std::min(end, bbegin + braw);
-    if (t->encoding() == fb::Encoding::SHUFFLE_ZSTD && scratch.size() < braw) scratch.resize(braw);
+    if ((t->encoding() == fb::Encoding::SHUFFLE_ZSTD || t->encoding() == fb::Encoding::PLANES) &&
+        scratch.size() < braw) {
+      scratch.resize(braw);
+    }
     if (lo == bbegin && hi == bbegin + braw) {
       FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, dst + (bbegin - begin), scratch.data(), verify));
     } else {

@@ -69,7 +69,7 @@ class Reader::Impl {
   uint64_t BlockRawSize(size_t i, uint64_t b) const;
 
   // Decodes block b of tensor i into dst (BlockRawSize bytes), verifying its checksum when
-  // asked. `scratch` must hold BlockRawSize bytes for SHUFFLE_ZSTD tensors (else unused).
+  // asked. `scratch` must hold BlockRawSize bytes for SHUFFLE_ZSTD and PLANES tensors (else unused).
   Status DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch, bool verify) const;
   // As DecodeBlock for an encoded tensor whose chunk b's stored bytes are at `src` (read by
   // the caller, e.g. with O_DIRECT, instead of through the mapping).

@@ -15,6 +15,7 @@
 #include "ferry_generated.h"
 #include "format.hpp"
 #include "io.hpp"
+#include "planes.hpp"
 #include "util.hpp"
 #include "worker_pool.hpp"
 
@@ -131,6 +132,7 @@ class Writer::Impl {
     std::vector<uint8_t> out;
     uint64_t checksum = 0;
     bool compressed = false;
+    uint8_t codec = 0;  // fb::ChunkCodec when compressed
     size_t stored = 0;
     Status status;
   };
@@ -146,6 +148,20 @@ class Writer::Impl {
     blk.checksum = Checksum64(blk.raw, blk.n);
     const uint8_t* input = blk.raw;
     size_t width = ShuffleWidth(dtype);
+    if (encoding == Encoding::kPlanes) {
+      // Planes blocks that do not pay are stored raw and unshuffled: the loader then copies
+      // them like raw data.
+      blk.shuffled.resize(blk.n);
+      if (blk.out.size() < planes::Bound(blk.n)) blk.out.resize(planes::Bound(blk.n));
+      size_t n = planes::Encode(blk.raw, blk.n, width, blk.out.data(), blk.shuffled.data(),
+                                options.min_savings);
+      blk.compressed = n > 0;
+      blk.codec = static_cast<uint8_t>(fb::ChunkCodec::PLANES);
+      blk.stored = n > 0 ? n : blk.n;
+      if (n == 0) std::memcpy(blk.out.data(), blk.raw, blk.n);
+      return;
+    }
+    blk.codec = static_cast<uint8_t>(fb::ChunkCodec::ZSTD);
     if (encoding == Encoding::kShuffleZstd && width > 1) {
       blk.shuffled.resize(blk.n);
       Shuffle(blk.raw, blk.shuffled.data(), blk.n, width);
@@ -215,7 +231,7 @@ class Writer::Impl {
         rec.checksums.push_back(blk.checksum);
         ChunkRecord chunk{
             pos - rec.data_offset, blk.stored,
-            static_cast<uint8_t>(blk.compressed ? fb::ChunkCodec::ZSTD : fb::ChunkCodec::STORED)};
+            blk.compressed ? blk.codec : static_cast<uint8_t>(fb::ChunkCodec::STORED)};
         FERRY_RETURN_IF_ERROR(Write(blk.out.data(), blk.stored));
         rec.chunks.push_back(chunk);
       }
@@ -235,7 +251,7 @@ class Writer::Impl {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name), ": unknown dtype ",
                    static_cast<int>(dtype));
     }
-    if (static_cast<uint8_t>(encoding) > 2) {
+    if (static_cast<uint8_t>(encoding) > 3) {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name),
                    ": unknown encoding ", static_cast<int>(encoding));
     }
@@ -499,7 +515,7 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
                  " must be a power of two in [", format::kMinBlockSize, ", ", format::kMaxBlockSize,
                  "]");
   }
-  if (static_cast<uint8_t>(options.encoding) > 2) {
+  if (static_cast<uint8_t>(options.encoding) > 3) {
     return Error(StatusCode::kInvalidArgument, path, ": unknown encoding ",
                  static_cast<int>(options.encoding));
   }

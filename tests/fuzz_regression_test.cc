@@ -30,7 +30,7 @@ struct Target {
 const Target kTargets[] = {
     {"footer", fuzz::FuzzFooter},     {"load", fuzz::FuzzLoad},
     {"chunk", fuzz::FuzzChunk},       {"safetensors", fuzz::FuzzSafetensors},
-    {"unpickle", fuzz::FuzzUnpickle},
+    {"unpickle", fuzz::FuzzUnpickle}, {"planes", fuzz::FuzzPlanes},
 };
 
 std::vector<fs::path> Inputs(const fs::path& dir) {

@@ -243,6 +243,7 @@ FERRY_API int ferry_dtype_from_dlpack(DLDataType type, int32_t* dtype, ferry_err
 #define FERRY_ENCODING_RAW 0
 #define FERRY_ENCODING_ZSTD 1
 #define FERRY_ENCODING_SHUFFLE_ZSTD 2 /* byte planes, then zstd: best for bf16/f16/f32 */
+#define FERRY_ENCODING_PLANES 3       /* byte planes, Huffman-coded exponents: decoded on the GPU */
 
 /* ---- DLPack helpers ----------------------------------------------------------------------- */
 

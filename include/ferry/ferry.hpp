@@ -73,7 +73,9 @@ FERRY_API std::optional<uint64_t> StorageBytes(DType dtype, uint64_t numel);
 // Product of dims; nullopt on a negative dim or overflow.
 FERRY_API std::optional<uint64_t> NumElements(const std::vector<int64_t>& shape);
 
-enum class Encoding : uint8_t { kRaw = 0, kZstd = 1, kShuffleZstd = 2 };
+// kPlanes: byte planes with Huffman-coded exponent planes, decoded on the GPU by the loader
+// (on the CPU elsewhere); for bf16/f16 weights (docs/PLANES.md).
+enum class Encoding : uint8_t { kRaw = 0, kZstd = 1, kShuffleZstd = 2, kPlanes = 3 };
 FERRY_API const char* EncodingName(Encoding encoding);
 
 // Description of one stored tensor. Cheap to copy; independent of the Reader's lifetime.

@@ -269,6 +269,8 @@ int RunConvert(const ConvertOptions& options) {
     wo.encoding = Encoding::kZstd;
   } else if (options.encoding == "shuffle+zstd" || options.encoding == "shuffle_zstd") {
     wo.encoding = Encoding::kShuffleZstd;
+  } else if (options.encoding == "planes") {
+    wo.encoding = Encoding::kPlanes;
   } else {
     std::fprintf(stderr, "ferry convert: unknown --encoding %s\n", options.encoding.c_str());
     return kExitUsage;
@@ -314,7 +316,9 @@ int RunConvert(const ConvertOptions& options) {
   std::string out_desc =
       to_safetensors ? "safetensors"
                      : StrCat("TensorFerry, ", EncodingName(wo.encoding),
-                              wo.encoding == Encoding::kRaw ? "" : StrCat(" level ", wo.zstd_level),
+                              wo.encoding == Encoding::kRaw || wo.encoding == Encoding::kPlanes
+                                  ? ""
+                                  : StrCat(" level ", wo.zstd_level),
                               ", ", HumanBytes(wo.block_size), " blocks");
   std::printf("%s (%s) -> %s (%s)\n", options.in.c_str(), in_desc.c_str(), options.out.c_str(),
               out_desc.c_str());

@@ -62,7 +62,8 @@ def _name(n):
 
 class TensorInfo:
     """Description of a stored tensor: name, dtype (a ferry dtype name such as "BF16"),
-    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd")."""
+    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd",
+    "planes")."""
 
     __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
 
@@ -71,7 +72,7 @@ class TensorInfo:
         self.dtype = _dtypes.NAMES[dtype]
         self.shape = shape
         self.nbytes = nbytes
-        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd"}[encoding]
+        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd", 3: "planes"}[encoding]
         self.data_offset = data_offset
         self.data_size = data_size
 
@@ -133,7 +134,9 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
     encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
-    compress best); zstd_level None keeps the library's default. metadata: dict of str -> str.
+    compress best), or "planes" (bf16/f16 weights about 1.45x smaller, expanded on the GPU
+    while loading, so hot loads move fewer bytes over the link); zstd_level None keeps the
+    library's default. metadata: dict of str -> str.
     scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
     data, never pickled).
     """

@@ -38,7 +38,7 @@ CUDA_ERROR = 7
 IO_ERROR = 8
 
 ENCODING_DEFAULT = -1
-ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2}
+ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2, "planes": 3}
 
 READ_VERIFY = 1
 
