@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "codec.hpp"
-#include "planes.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "format.hpp"
+#include "planes.hpp"
 #include "reader_impl.hpp"
 #include "safetensors.hpp"
 #include "torch_import/te_extra_state.hpp"
