@@ -1,5 +1,7 @@
 // The C API (include/ferry/ferry.h) over the C++ core. Every entry point runs inside Guard(),
 // so no exception crosses into C: a C caller (or ctypes) has no way to unwind C++ frames.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "ferry/ferry.h"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "io.hpp"
 #include "reader_impl.hpp"
 #include "torch_import/import_writer.hpp"
 #include "util.hpp"
@@ -742,6 +745,26 @@ void ferry_dlpack_legacy_free(DLManagedTensor* tensor) {
   if (tensor != nullptr && tensor->deleter != nullptr) tensor->deleter(tensor);
 }
 
+void ferry_dlpack_capsule_destructor(void* capsule) {
+  // A destructor written in Python (ctypes) cannot work here: it runs while the consumer's
+  // exception is pending, its first Python API call raises that exception inside the callback,
+  // which swallows it, and the consumer then fails with SystemError and the tensor leaks.
+  // These two functions touch no error state for a capsule of the name asked.
+  using IsValidFn = int (*)(void*, const char*);
+  using GetPointerFn = void* (*)(void*, const char*);
+  static const auto is_valid =
+      reinterpret_cast<IsValidFn>(::dlsym(RTLD_DEFAULT, "PyCapsule_IsValid"));
+  static const auto get_pointer =
+      reinterpret_cast<GetPointerFn>(::dlsym(RTLD_DEFAULT, "PyCapsule_GetPointer"));
+  if (capsule == nullptr || is_valid == nullptr || get_pointer == nullptr) return;
+  if (is_valid(capsule, "dltensor_versioned")) {
+    ferry_dlpack_free(
+        static_cast<DLManagedTensorVersioned*>(get_pointer(capsule, "dltensor_versioned")));
+  } else if (is_valid(capsule, "dltensor")) {
+    ferry_dlpack_legacy_free(static_cast<DLManagedTensor*>(get_pointer(capsule, "dltensor")));
+  }
+}
+
 // ---- writer ---------------------------------------------------------------------------------
 
 void ferry_writer_options_init(ferry_writer_options_t* options) {
@@ -1206,9 +1229,19 @@ int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t f
     DLDevice dev;
     dev.device_type = kDLCPU;
     dev.device_id = 0;
-    // The mapping is read-only memory: a consumer that wrote through the view would fault.
-    *out = MakeManaged(view->info, const_cast<void*>(view->data), dev,
-                       DLPACK_FLAG_BITMASK_READ_ONLY, std::move(view->keepalive));
+    // Consumers may ignore DLPack's read-only flag (torch does) and write: the reader's own
+    // mapping is read-only (a write would fault) and shared (it would reach the file). The view
+    // maps its bytes again, privately: a write copies the page into this process.
+    std::shared_ptr<ferry::PrivateRegion> region;
+    if (view->nbytes > 0) {
+      const auto* base = view->keepalive->data();
+      const auto offset = static_cast<uint64_t>(static_cast<const uint8_t*>(view->data) - base);
+      auto mapped = ferry::PrivateRegion::Map(*view->keepalive, offset, view->nbytes);
+      if (!mapped.ok()) return Report(mapped.status(), error);
+      region = std::move(*mapped);
+    }
+    void* data = region ? region->data() : nullptr;
+    *out = MakeManaged(view->info, data, dev, 0, std::move(region));
     return FERRY_OK;
   });
 }

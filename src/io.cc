@@ -144,6 +144,30 @@ Mapping::~Mapping() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+Result<std::shared_ptr<PrivateRegion>> PrivateRegion::Map(const Mapping& file, uint64_t offset,
+                                                          uint64_t size) {
+  if (offset > file.size() || size > file.size() - offset) {
+    return Error(StatusCode::kInvalidArgument, file.path(), ": bytes [", offset, ", +", size,
+                 ") lie outside the file of ", file.size(), " bytes");
+  }
+  std::shared_ptr<PrivateRegion> r(new PrivateRegion());
+  if (size == 0) return r;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  r->length_ = static_cast<size_t>(offset + size - start);
+  // MAP_NORESERVE: the pages are the file's until written, so no swap is set aside for them.
+  void* p = ::mmap(nullptr, r->length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE,
+                   file.fd(), static_cast<off_t>(start));
+  if (p == MAP_FAILED) return ErrnoStatus(errno, file.path(), "mmap (private view)");
+  r->base_ = p;
+  r->data_ = static_cast<uint8_t*>(p) + (offset - start);
+  return r;
+}
+
+PrivateRegion::~PrivateRegion() {
+  if (base_ != nullptr) ::munmap(base_, length_);
+}
+
 // ---- SIGBUS guard ---------------------------------------------------------------------------
 // A page of a shared file mapping past the file's current end raises SIGBUS when touched.
 // Checking the size with fstat before each read would leave a window between the check and

@@ -94,6 +94,28 @@ class Mapping {
   std::string path_;
 };
 
+// Bytes [offset, offset + size) of a mapped file, mapped again privately and copy-on-write:
+// readable and writable, but a write copies the page into this process and never reaches the
+// file. Tensors exported through DLPack get these: consumers may ignore DLPack's read-only
+// flag (torch does), and a write into the shared read-only mapping would fault. Untouched pages
+// stay shared with the page cache, so the view costs no copy.
+class PrivateRegion {
+ public:
+  static Result<std::shared_ptr<PrivateRegion>> Map(const Mapping& file, uint64_t offset,
+                                                    uint64_t size);
+  ~PrivateRegion();
+  PrivateRegion(const PrivateRegion&) = delete;
+  PrivateRegion& operator=(const PrivateRegion&) = delete;
+
+  void* data() const { return data_; }
+
+ private:
+  PrivateRegion() = default;
+  void* base_ = nullptr;
+  size_t length_ = 0;
+  void* data_ = nullptr;
+};
+
 // fsync of the directory holding `path`, so a rename inside it is durable.
 Status SyncParentDir(const std::string& path);
 Status RenameFile(const std::string& from, const std::string& to);

@@ -374,7 +374,7 @@ static void test_read(const char* path) {
   CHECK_OK(ferry_reader_verify(r, "bf16", &err));
   CHECK_OK(ferry_reader_verify(r, NULL, &err));
 
-  /* Zero-copy view: read-only, CPU, dense; it outlives the reader. */
+  /* Zero-copy view: CPU, dense, a private copy-on-write mapping; it outlives the reader. */
   CHECK(ferry_reader_view(r, "bf16", 0, &view, &err) == FERRY_UNIMPLEMENTED);
   CHECK(contains(err.message, "ReadInto"));
   CHECK_OK(ferry_reader_view(r, "matrix", FERRY_READ_VERIFY, &view, &err));
@@ -383,13 +383,28 @@ static void test_read(const char* path) {
   if (view != NULL) {
     const DLTensor* t = &view->dl_tensor;
     CHECK(view->version.major == 1);
-    CHECK((view->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
+    CHECK((view->flags & DLPACK_FLAG_BITMASK_READ_ONLY) == 0);
     CHECK(t->device.device_type == kDLCPU);
     CHECK(t->ndim == 2 && t->shape[0] == 6 && t->shape[1] == 4);
     CHECK(t->strides[0] == 4 && t->strides[1] == 1);
     CHECK(t->dtype.code == kDLFloat && t->dtype.bits == 32 && t->dtype.lanes == 1);
     CHECK(t->byte_offset == 0);
     CHECK(memcmp(t->data, g_matrix, sizeof(g_matrix)) == 0);
+    {
+      /* A consumer's write stays in its view: neither the file nor a new view sees it. */
+      DLManagedTensorVersioned* other = NULL;
+      float back[6][4];
+      ((float*)t->data)[0] = -1.0f;
+      CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+      CHECK_OK(ferry_reader_view(r, "matrix", 0, &other, &err));
+      if (other != NULL) CHECK(((const float*)other->dl_tensor.data)[0] == g_matrix[0][0]);
+      ferry_dlpack_free(other);
+      CHECK_OK(ferry_reader_read_into(r, "matrix", back, sizeof(back), FERRY_READ_VERIFY, &err));
+      CHECK(memcmp(back, g_matrix, sizeof(back)) == 0);
+      ferry_reader_free(r);
+      r = NULL;
+      ((float*)t->data)[0] = g_matrix[0][0];
+    }
     /* Legacy wrapping owns the versioned tensor. */
     CHECK_OK(ferry_dlpack_to_legacy(view, &legacy, &err));
     CHECK(legacy->dl_tensor.data == t->data);

@@ -240,5 +240,61 @@ run bench-keep 0 "$FERRY" bench --generate 2MiB --repeat 1 --dir "$WORK" --keep 
   has "into preallocated buffers"
 run bench-file 0 "$FERRY" bench "$ST" --repeat 1 && has "22 tensors" && has "ceiling"
 
+# ---- -V, --quiet ------------------------------------------------------------------------------
+run version-short 0 "$FERRY" -V && has "ferry 0."
+run quiet-convert 0 "$FERRY" convert "$ST" "$WORK/q.ferry" --quiet
+check quiet-convert-prints-nothing
+[ ! -s "$OUT" ] || fail "--quiet printed something"
+run quiet-verify 0 "$FERRY" -q verify "$WORK/q.ferry"
+check quiet-verify-prints-nothing
+[ ! -s "$OUT" ] || fail "--quiet printed something"
+run quiet-still-reports-errors 1 "$FERRY" --quiet inspect "$WORK/nope.ferry" && has "nope.ferry"
+
+# ---- a conversion that takes seconds: 32 MiB of random bytes through zstd level 12, one thread
+BIG="$WORK/big.safetensors"
+n=$((32 << 20))
+hdr="{\"x\":{\"dtype\":\"U8\",\"shape\":[$n],\"data_offsets\":[0,$n]}}"
+while [ $((${#hdr} % 8)) -ne 0 ]; do hdr="$hdr "; done
+{
+  for i in 0 1 2 3 4 5 6 7; do printf "\\$(printf '%03o' $(((${#hdr} >> (8 * i)) & 255)))"; done
+  printf '%s' "$hdr"
+  head -c "$n" /dev/urandom
+} >"$BIG"
+SLOW=(convert "$BIG" --encoding zstd --level 12 --threads 1)
+
+# Progress on a 40-column terminal (a pseudo-terminal from script(1)): every redraw fits in 39
+# columns, so none wraps onto a new line.
+check progress-fits-the-terminal
+script -qfec "stty cols 40 rows 24; $(printf '%q ' "$FERRY" "${SLOW[@]}" "$WORK/tty.ferry")" \
+  "$WORK/tty.log" >/dev/null 2>&1 || fail "convert under a terminal failed"
+tr '\r' '\n' <"$WORK/tty.log" | grep -a $'^\033\[Kconverting' | sed $'s/^\033\[K//' >"$OUT"
+[ -s "$OUT" ] || fail "no progress line was drawn"
+awk 'length($0) > 39 { bad = 1 } END { exit bad }' "$OUT" || fail "a progress line is wider than 39"
+
+# Ctrl-C and SIGTERM during convert: exit 128+signal, no temporary file left, and a file that
+# was at OUT before is untouched.
+interrupt() {  # SIGNAL EXPECTED_RC
+  check "interrupt-$1"
+  cp "$WORK/q.ferry" "$WORK/int.ferry"
+  set -m  # a job of its own: background jobs of a script would otherwise ignore SIGINT
+  "$FERRY" "${SLOW[@]}" "$WORK/int.ferry" >"$OUT" 2>&1 &
+  local pid=$!
+  set +m
+  for _ in $(seq 200); do
+    ls "$WORK"/int.ferry.tmp.* >/dev/null 2>&1 && break
+    sleep 0.05
+  done
+  ls "$WORK"/int.ferry.tmp.* >/dev/null 2>&1 || fail "no temporary file appeared"
+  kill -s "$1" "$pid"
+  wait "$pid"
+  local rc=$?
+  [ "$rc" -eq "$2" ] || fail "exit code $rc, expected $2"
+  has "interrupted by $1"
+  if ls "$WORK"/int.ferry.tmp.* >/dev/null 2>&1; then fail "temporary file left behind"; fi
+  same "$WORK/q.ferry" "$WORK/int.ferry"
+}
+interrupt SIGINT 130
+interrupt SIGTERM 143
+
 echo "cli_test: $((checks - failed)) passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -153,7 +153,8 @@ def pick_data_dir(explicit):
         os.makedirs(explicit, exist_ok=True)
         return explicit, _free_bytes(explicit)
     best = None
-    for cand in ("/root/tferry-compare", "/var/tmp/tferry-compare", "/tmp/tferry-compare"):
+    for cand in (os.path.expanduser("~/tferry-compare"), "/var/tmp/tferry-compare",
+                 "/tmp/tferry-compare"):
         parent = os.path.dirname(cand)
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             continue

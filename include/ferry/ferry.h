@@ -255,6 +255,15 @@ FERRY_API void ferry_dlpack_free(DLManagedTensorVersioned* tensor);
 FERRY_API int ferry_dlpack_to_legacy(DLManagedTensorVersioned* tensor, DLManagedTensor** out,
                                      ferry_error_t* error);
 FERRY_API void ferry_dlpack_legacy_free(DLManagedTensor* tensor);
+/* A PyCapsule destructor for bindings that pass these tensors to Python in DLPack capsules:
+ * "dltensor_versioned" holding a DLManagedTensorVersioned, or "dltensor" holding a legacy
+ * DLManagedTensor from ferry_dlpack_to_legacy. Frees the tensor when the capsule dies
+ * unconsumed (a consumer renames the capsule it takes, so a taken tensor is left alone).
+ * `capsule` is a PyObject*; the call runs under the GIL like any capsule destructor. It looks
+ * up the Python C API in the running process (libferry does not link Python), and neither
+ * sets nor clears a pending Python exception: a consumer that raises while refusing a tensor
+ * keeps its exception. Outside a Python process it does nothing. */
+FERRY_API void ferry_dlpack_capsule_destructor(void* capsule);
 
 /* ---- writer ------------------------------------------------------------------------------- */
 
@@ -504,9 +513,11 @@ FERRY_API int ferry_reader_find_scaling_state(const ferry_reader_t* reader, cons
 /* Flags of the read calls. */
 #define FERRY_READ_VERIFY 1u /* check the block checksums of the bytes read */
 
-/* Zero-copy, read-only view of a raw-encoded tensor inside the file mapping (kDLCPU,
- * DLPACK_FLAG_BITMASK_READ_ONLY). The tensor keeps the mapping alive until its deleter runs,
- * also after ferry_reader_free. FERRY_UNIMPLEMENTED for compressed tensors: use
+/* Zero-copy view of a raw-encoded tensor (kDLCPU): a private copy-on-write mapping of its bytes
+ * in the file. It is writable, and a write copies the touched page into this process: it never
+ * reaches the file, other views or other processes, and never faults (a DLPack consumer may
+ * write without honouring a read-only flag). The tensor keeps the mapping alive until its
+ * deleter runs, also after ferry_reader_free. FERRY_UNIMPLEMENTED for compressed tensors: use
  * ferry_reader_read_into. */
 FERRY_API int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t flags,
                                 DLManagedTensorVersioned** out, ferry_error_t* error);

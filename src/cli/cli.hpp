@@ -65,6 +65,16 @@ bool IsTorchInput(const std::string& path);
 int RunInspectTorch(const InspectOptions& options);
 int RunConvertTorch(const ConvertOptions& options, const WriterOptions& writer_options);
 
+// --quiet: no progress display and no summary of a job that succeeded; errors still print.
+extern bool g_quiet;
+
+// Ctrl-C and SIGTERM during a job that writes a file: the first one is recorded (the job sees
+// it through InterruptSignal, stops, and its writer removes the temporary file); a second one
+// ends the process at once. Signals ignored when ferry started (nohup) stay ignored.
+void CatchInterrupts();
+// The signal that asked the job to stop, or 0.
+int InterruptSignal();
+
 // Prints "ferry: <code>: <message>" to stderr and returns kExitFailure.
 int Fail(const Status& status);
 
@@ -77,10 +87,11 @@ std::string Rate(double bytes, double seconds);
 // Parses "1GiB", "512MiB", "4M" (binary), "2GB" (decimal) or a plain byte count.
 std::optional<uint64_t> ParseSize(const std::string& text);
 
-// Progress of one long job, in bytes, on stderr. On a terminal, a bar redrawn at most ten
-// times a second, shown only once the job has run for a second (quick jobs stay quiet) and
-// erased at the end; elsewhere (logs, pipes) a plain line every ten seconds. Add may be
-// called from any thread.
+// Progress of one long job, in bytes, on stderr. On a terminal, one line redrawn at most ten
+// times a second, cut to the terminal's width so that it never wraps (a wrapped line cannot be
+// redrawn in place), shown only once the job has run for a second (quick jobs stay quiet) and
+// erased at the end; elsewhere (logs, pipes) a plain line every ten seconds; nothing with
+// --quiet. Add may be called from any thread.
 class Progress {
  public:
   Progress(std::string label, uint64_t total);
@@ -99,6 +110,7 @@ class Progress {
   std::string label_;
   uint64_t total_;
   bool tty_;
+  bool quiet_;
   std::atomic<uint64_t> done_{0};
   std::chrono::steady_clock::time_point start_;
   std::mutex mu_;

@@ -1,13 +1,49 @@
 // Formatting, size parsing and the progress display shared by the subcommands.
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "cli.hpp"
 
 namespace ferry::cli {
+
+bool g_quiet = false;
+
+namespace {
+
+volatile std::sig_atomic_t g_interrupt = 0;
+
+void OnInterrupt(int sig) {
+  if (g_interrupt != 0) {
+    // Asked twice: stop now, as the default action would.
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  g_interrupt = sig;
+}
+
+}  // namespace
+
+void CatchInterrupts() {
+  for (int sig : {SIGINT, SIGTERM}) {
+    struct sigaction old = {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    struct sigaction sa = {};
+    sa.sa_handler = OnInterrupt;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // reads and writes in flight finish; the job checks between them
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+int InterruptSignal() { return static_cast<int>(g_interrupt); }
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "ferry: %s\n", status.ToString().c_str());
@@ -76,10 +112,24 @@ std::optional<uint64_t> ParseSize(const std::string& text) {
 
 // ---- Progress -----------------------------------------------------------------------------
 
+namespace {
+
+// Asked at every redraw: the terminal may have been resized.
+size_t TerminalColumns() {
+  struct winsize ws = {};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  const char* columns = std::getenv("COLUMNS");
+  int n = columns ? std::atoi(columns) : 0;
+  return n > 0 ? static_cast<size_t>(n) : 80;
+}
+
+}  // namespace
+
 Progress::Progress(std::string label, uint64_t total)
     : label_(std::move(label)),
       total_(total),
       tty_(::isatty(STDERR_FILENO) == 1),
+      quiet_(g_quiet),
       start_(std::chrono::steady_clock::now()),
       last_(start_) {}
 
@@ -94,6 +144,7 @@ void Progress::Add(uint64_t bytes) {
   auto now = std::chrono::steady_clock::now();
   if (now - start_ < std::chrono::seconds(1)) return;
   // Whoever holds the lock draws; the others move on rather than queue behind the terminal.
+  if (quiet_) return;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock() || finished_) return;
   auto gap = tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(10000);
@@ -106,15 +157,24 @@ void Progress::Render(uint64_t done, std::chrono::steady_clock::time_point now) 
   double secs = std::chrono::duration<double>(now - start_).count();
   double frac = total_ == 0 ? 1.0 : std::min(1.0, static_cast<double>(done) / total_);
   if (tty_) {
-    constexpr int kWidth = 30;
-    int filled = static_cast<int>(frac * kWidth);
-    std::string bar(filled, '#');
-    bar.append(kWidth - filled, '.');
     double rate = secs > 0 ? done / secs : 0;
     double eta = rate > 0 ? (static_cast<double>(total_) - done) / rate : 0;
-    std::fprintf(stderr, "\r\033[K%s [%s] %3d%% %s / %s  %s  ETA %.0f s", label_.c_str(),
-                 bar.c_str(), static_cast<int>(frac * 100), HumanBytes(done).c_str(),
-                 HumanBytes(total_).c_str(), Rate(done, secs).c_str(), eta);
+    char tail[160];
+    std::snprintf(tail, sizeof(tail), " %3d%% %s / %s  %s  ETA %.0f s",
+                  static_cast<int>(frac * 100), HumanBytes(done).c_str(),
+                  HumanBytes(total_).c_str(), Rate(done, secs).c_str(), eta);
+    // One column short of the width: writing the last column makes some terminals wrap.
+    const size_t room = TerminalColumns() - 1;
+    std::string line = label_;
+    const size_t fixed = line.size() + 3 + std::strlen(tail);  // " [" and "]"
+    if (fixed + 10 <= room) {
+      size_t width = std::min<size_t>(30, room - fixed);
+      size_t filled = static_cast<size_t>(frac * width);
+      line += " [" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+    }
+    line += tail;
+    if (line.size() > room) line.resize(room);
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
   } else {
     std::fprintf(stderr, "%s: %d%% (%s of %s, %.0f s)\n", label_.c_str(),
                  static_cast<int>(frac * 100), HumanBytes(done).c_str(), HumanBytes(total_).c_str(),

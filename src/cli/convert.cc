@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -178,6 +179,15 @@ std::vector<std::pair<std::string, std::string>> MergeMetadata(const std::vector
   return out;
 }
 
+// Stops a conversion that was asked to stop; returning the error drops the writer, which
+// removes its temporary file, and leaves `out` as it was.
+Status Interrupted(const std::string& out) {
+  int sig = InterruptSignal();
+  if (sig == 0) return Status::Ok();
+  return Error(StatusCode::kIoError, out, ": conversion interrupted by ",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", "; ", out, " was left as it was");
+}
+
 Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& items,
                const std::string& out, const WriterOptions& wo, Progress* progress) {
   FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(out, wo));
@@ -188,6 +198,7 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
     // Checksums of the source are checked on the way through (where it has them), so a
     // corrupt input never becomes a new file with fresh, matching checksums.
     FillFn fill = [&](uint64_t offset, void* dst, size_t size) -> Status {
+      FERRY_RETURN_IF_ERROR(Interrupted(out));
       FERRY_RETURN_IF_ERROR(
           impl.ReadRange(it.tensor, offset, size, static_cast<uint8_t*>(dst), true));
       progress->Add(size);
@@ -244,6 +255,7 @@ Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>
     uint64_t nbytes = impl.at(it.tensor)->nbytes();
     buf.resize(std::min(nbytes, kPiece));
     for (uint64_t off = 0; off < nbytes; off += kPiece) {
+      FERRY_RETURN_IF_ERROR(Interrupted(out));
       uint64_t len = std::min(kPiece, nbytes - off);
       FERRY_RETURN_IF_ERROR(impl.ReadRange(it.tensor, off, len, buf.data(), true));
       FERRY_RETURN_IF_ERROR(writer.Write(buf.data(), len));
@@ -304,11 +316,16 @@ int RunConvert(const ConvertOptions& options) {
   bool from_safetensors = true;
   for (const Source& s : *sources) from_safetensors &= s.reader->impl().safetensors;
 
+  CatchInterrupts();
   Progress progress("converting", raw_total);
   Status st = to_safetensors ? ToSafetensors(*sources, *items, options.out, &progress)
                              : ToFerry(*sources, *items, options.out, wo, &progress);
   progress.Finish();
-  if (!st.ok()) return Fail(st);
+  if (!st.ok()) {
+    Fail(st);
+    return InterruptSignal() != 0 ? 128 + InterruptSignal() : kExitFailure;
+  }
+  if (g_quiet) return kExitOk;
   double secs = progress.seconds();
   uint64_t out_size = FileSize(options.out);
   std::string in_desc = StrCat(sources->size() > 1 ? StrCat(sources->size(), " shards, ") : "",

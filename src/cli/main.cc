@@ -12,7 +12,11 @@ int main(int argc, char** argv) {
       "checkpoints.\nFiles are recognised by content: TensorFerry checkpoints and .safetensors "
       "files both work everywhere a FILE is read."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("ferry ") + ferry::VersionString());
+  app.set_version_flag("-V,--version", std::string("ferry ") + ferry::VersionString());
+  app.add_flag("-q,--quiet", g_quiet,
+               "no progress display and no summary of a job that succeeded (errors still print)");
+  // --quiet may also follow the subcommand: `ferry convert a b --quiet`.
+  app.fallthrough();
 
   InspectOptions inspect;
   CLI::App* inspect_cmd = app.add_subcommand(

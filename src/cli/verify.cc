@@ -119,11 +119,13 @@ int RunVerify(const VerifyOptions& options) {
   } else {
     for (const Failure& f : failures) std::printf("FAILED %s\n", f.message.c_str());
     if (failures.empty()) {
-      std::printf(
-          "%s: OK: footer and %zu tensors (%zu blocks, %s) match their XXH3-64 "
-          "checksums (%.2f s, %s)\n",
-          reader.path().c_str(), reader.num_tensors(), items.size(), HumanBytes(raw_total).c_str(),
-          secs, Rate(raw_total, secs).c_str());
+      if (!g_quiet) {
+        std::printf(
+            "%s: OK: footer and %zu tensors (%zu blocks, %s) match their XXH3-64 "
+            "checksums (%.2f s, %s)\n",
+            reader.path().c_str(), reader.num_tensors(), items.size(),
+            HumanBytes(raw_total).c_str(), secs, Rate(raw_total, secs).c_str());
+      }
     } else {
       std::printf("%s: FAILED: %zu of %zu blocks in %zu of %zu tensors do not match\n",
                   reader.path().c_str(), failures.size(), items.size(), bad_tensors,

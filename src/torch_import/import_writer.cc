@@ -17,12 +17,13 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Metadata in key order, the first of repeated keys kept.
+// Metadata in key order. The caller's entries win over the checkpoint's (a value in the
+// pickle named like one of them must not stand in for it), then the first of repeated keys.
 std::vector<std::pair<std::string, std::string>> Metadata(const TorchCheckpoint& ck,
                                                           const ImportWriteOptions& o) {
   std::map<std::string, std::string> m;
-  for (const auto& [k, v] : ck.metadata()) m.emplace(k, v);
   for (const auto& [k, v] : o.extra_metadata) m.emplace(k, v);
+  for (const auto& [k, v] : ck.metadata()) m.emplace(k, v);
   return {m.begin(), m.end()};
 }
 

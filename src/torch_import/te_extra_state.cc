@@ -284,7 +284,9 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
       if (!k->is_str()) continue;
       if (auto pj = PlainJson(x, 0)) j[k->s] = *pj;
     }
-    if (!j.empty()) metadata->emplace_back(kExtraVariablesKeyPrefix + module, j.dump());
+    if (!j.empty())
+      metadata->emplace_back(kExtraVariablesKeyPrefix + module,
+                             j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   if (v->Get("scale_fwd") != nullptr) {
     FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, true, num_gemms, mapping, where));

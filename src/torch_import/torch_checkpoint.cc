@@ -187,15 +187,28 @@ Status CopyTensorBytes(const TensorRef& t, uint64_t offset, uint8_t* dst, uint64
   return Status::Ok();
 }
 
+Result<const Value*> GuardedCopy(Heap* heap, const uint8_t* data, uint64_t size,
+                                 const Mapping* guard, const std::string& where) {
+  Value* v = heap->New(Kind::kBytes);
+  v->s.resize(size);
+  auto fn = [&] { std::memcpy(v->s.data(), data, size); };
+  if (guard != nullptr ? !guard->Guard(fn) : (fn(), false)) {
+    return Error(StatusCode::kDataLoss, where, ": the file shrank while it was read");
+  }
+  return v;
+}
+
 Result<Value*> LoadTorchZip(Heap* heap, const uint8_t* data, uint64_t size,
-                            const std::string& where) {
-  if (LooksLikeLegacyTorch(data, size)) {
+                            const std::string& where, const Mapping* guard) {
+  FERRY_ASSIGN_OR_RETURN(const Value* head,
+                         GuardedCopy(heap, data, std::min<uint64_t>(size, 16), guard, where));
+  if (LooksLikeLegacyTorch(reinterpret_cast<const uint8_t*>(head->s.data()), head->s.size())) {
     return Error(StatusCode::kUnimplemented, where,
                  ": a legacy torch.save file (_use_new_zipfile_serialization=False, or torch "
                  "older than 1.6); only zip checkpoints are read: load and save it again with "
                  "a current torch");
   }
-  FERRY_ASSIGN_OR_RETURN(ZipArchive zip, ZipArchive::Open(data, size, where));
+  FERRY_ASSIGN_OR_RETURN(ZipArchive zip, ZipArchive::Open(data, size, where, guard));
   // torch.save names every entry "<archive>/...": find "<archive>/data.pkl".
   const ZipEntry* pkl = nullptr;
   for (const ZipEntry& e : zip.entries()) {
@@ -214,13 +227,18 @@ Result<Value*> LoadTorchZip(Heap* heap, const uint8_t* data, uint64_t size,
   const std::string prefix = pkl->name.substr(0, pkl->name.size() - std::strlen("data.pkl"));
   if (const ZipEntry* bo = zip.Find(prefix + "byteorder")) {
     FERRY_ASSIGN_OR_RETURN(const uint8_t* p, zip.Data(*bo));
-    if (std::string_view(reinterpret_cast<const char*>(p), bo->size) != "little") {
+    FERRY_ASSIGN_OR_RETURN(const Value* order,
+                           GuardedCopy(heap, p, std::min<uint64_t>(bo->size, 64), guard, where));
+    if (order->s != "little") {
       return Error(StatusCode::kUnimplemented, where,
-                   ": written on a big-endian machine (byteorder ",
-                   Quote(std::string(reinterpret_cast<const char*>(p), bo->size)), ")");
+                   ": written on a big-endian machine (byteorder ", Quote(order->s), ")");
     }
   }
-  FERRY_ASSIGN_OR_RETURN(const uint8_t* pkl_data, zip.Data(*pkl));
+  FERRY_ASSIGN_OR_RETURN(const uint8_t* pkl_mapped, zip.Data(*pkl));
+  // The pickle is interpreted from a copy: a file shrinking under the reader cannot fault.
+  FERRY_ASSIGN_OR_RETURN(const Value* pkl_copy,
+                         GuardedCopy(heap, pkl_mapped, pkl->size, guard, where));
+  const auto* pkl_data = reinterpret_cast<const uint8_t*>(pkl_copy->s.data());
   std::map<std::string, Storage*> storages;
   UnpickleOptions o;
   o.where = StrCat(where, ": ", pkl->name);
@@ -346,7 +364,8 @@ Result<std::unique_ptr<TorchCheckpoint>> TorchCheckpoint::Open(const std::string
 Status TorchCheckpoint::AddFile(const std::string& file) {
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> m, Mapping::Map(file));
   mappings_.push_back(m);
-  FERRY_ASSIGN_OR_RETURN(Value * root, LoadTorchZip(heap_.get(), m->data(), m->size(), file));
+  FERRY_ASSIGN_OR_RETURN(Value * root,
+                         LoadTorchZip(heap_.get(), m->data(), m->size(), file, m.get()));
   if (root->is(Kind::kTensor)) return AddTensor("tensor", root, m.get(), file);
   if (!root->is(Kind::kDict)) {
     return Error(StatusCode::kUnimplemented, file, ": holds a ", KindName(root),
@@ -498,7 +517,11 @@ Status TorchCheckpoint::AddDcp(const std::string& dir) {
   mappings_.push_back(mm);
   UnpickleOptions o;
   o.where = meta_path;
-  FERRY_ASSIGN_OR_RETURN(Value * root, Unpickle(heap_.get(), mm->data(), mm->size(), o));
+  FERRY_ASSIGN_OR_RETURN(const Value* meta,
+                         GuardedCopy(heap_.get(), mm->data(), mm->size(), mm.get(), meta_path));
+  FERRY_ASSIGN_OR_RETURN(
+      Value * root,
+      Unpickle(heap_.get(), reinterpret_cast<const uint8_t*>(meta->s.data()), meta->s.size(), o));
   auto bad = [&](const auto&... args) {
     return Error(StatusCode::kDataLoss, meta_path, ": ", args...);
   };
@@ -557,7 +580,8 @@ Status TorchCheckpoint::AddDcp(const std::string& dir) {
                    " (", l64, " bytes) lies outside the file's ", m->size(), " bytes");
     }
     const std::string where = StrCat(data_path, " at offset ", o64);
-    FERRY_ASSIGN_OR_RETURN(Value * v, LoadTorchZip(heap_.get(), m->data() + o64, l64, where));
+    FERRY_ASSIGN_OR_RETURN(Value * v,
+                           LoadTorchZip(heap_.get(), m->data() + o64, l64, where, m.get()));
     return Item{v, m.get(), data_path};
   };
   for (const auto& [key, md] : sdm->dict) {

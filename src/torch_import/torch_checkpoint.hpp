@@ -32,9 +32,13 @@ uint64_t TensorBytes(const TensorRef& t);
 bool IsContiguous(const TensorRef& t);
 
 // Parses a torch.save zip archive held at [data, data + size) and returns the unpickled root
-// object. Storages point into the span. `where` names it in messages.
+// object. Storages point into the span. `where` names it in messages. `guard`: the mapping
+// holding the span (its headers and pickle are copied under its SIGBUS guard), or null.
 Result<Value*> LoadTorchZip(Heap* heap, const uint8_t* data, uint64_t size,
-                            const std::string& where);
+                            const std::string& where, const Mapping* guard = nullptr);
+// A copy of [data, data + size) owned by `heap`, taken under `guard` (may be null).
+Result<const Value*> GuardedCopy(Heap* heap, const uint8_t* data, uint64_t size,
+                                 const Mapping* guard, const std::string& where);
 
 // One chunk of a tensor saved in several (DCP): where it starts in the whole tensor.
 struct TensorPiece {

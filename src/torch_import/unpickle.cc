@@ -91,6 +91,8 @@ const char* const kRecordClasses[] = {
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.distributed.checkpoint._extension.ExtensionRegistry",
     "torch.device",
+    // torch.layout pickles as _get_layout("torch.strided") (DCP's TensorProperties).
+    "torch.serialization._get_layout",
     "pathlib.PosixPath",
     "pathlib.PurePosixPath",
     "pathlib._local.PosixPath",

@@ -11,9 +11,9 @@
 //   writes them), parsed as the legacy torch.save stream it holds, never run;
 // - record-only classes, never instantiated: TransformerEngine's recipe dataclasses and
 //   Format enum (transformer_engine.common.recipe), PyTorch Distributed Checkpoint metadata
-//   (torch.distributed.checkpoint.metadata / filesystem), torch.device, layouts, memory
-//   formats, pathlib paths. NEWOBJ/REDUCE/BUILD on them record the class name, the arguments
-//   and the state.
+//   (torch.distributed.checkpoint.metadata / filesystem), torch.device, layouts
+//   (torch.serialization._get_layout), memory formats, pathlib paths. NEWOBJ, REDUCE and
+//   BUILD on them record the class name, the arguments and the state.
 //
 // Everything else (GLOBAL/STACK_GLOBAL of any other name, INST, OBJ, EXT*, protocol 0 text
 // opcodes, out-of-band buffers, REDUCE/NEWOBJ/BUILD on anything not listed) is refused with a

@@ -58,7 +58,8 @@ bool LooksLikeZip(const uint8_t* data, uint64_t size) {
   return size >= 4 && (U32(data) == kLocalSig || U32(data) == kEndSig);
 }
 
-Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::string path) {
+Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::string path,
+                                    const Mapping* guard) {
   ZipArchive z;
   z.data_ = data;
   z.size_ = size;
@@ -67,11 +68,24 @@ Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::str
   if (size < kEndSize) {
     return Error(StatusCode::kDataLoss, p, ": not a zip archive (", size, " bytes)");
   }
+  // Headers are parsed from copies taken under the mapping's SIGBUS guard, so a file
+  // truncated while it is read gives DataLoss, not a crash.
+  auto copy = [&](uint64_t off, uint64_t n, std::vector<uint8_t>* out) -> Status {
+    out->resize(n);
+    auto fn = [&] { std::memcpy(out->data(), data + off, n); };
+    if (guard != nullptr ? !guard->Guard(fn) : (fn(), false)) {
+      return Error(StatusCode::kDataLoss, p, ": the file shrank while it was read");
+    }
+    return Status::Ok();
+  };
   // The end record sits in the last 22 + 65535 (comment) bytes; search backwards.
+  const uint64_t lowest = size > kEndSize + 0xFFFF ? size - kEndSize - 0xFFFF : 0;
+  std::vector<uint8_t> tail;
+  FERRY_RETURN_IF_ERROR(copy(lowest, size - lowest, &tail));
+  auto in_tail = [&](uint64_t off) { return tail.data() + (off - lowest); };
   uint64_t end = UINT64_MAX;
-  uint64_t lowest = size > kEndSize + 0xFFFF ? size - kEndSize - 0xFFFF : 0;
   for (uint64_t pos = size - kEndSize + 1; pos-- > lowest;) {
-    if (U32(data + pos) == kEndSig && pos + kEndSize + U16(data + pos + 20) == size) {
+    if (U32(in_tail(pos)) == kEndSig && pos + kEndSize + U16(in_tail(pos) + 20) == size) {
       end = pos;
       break;
     }
@@ -79,25 +93,31 @@ Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::str
   if (end == UINT64_MAX) {
     return Error(StatusCode::kDataLoss, p, ": no zip end of central directory record");
   }
-  const uint8_t* e = data + end;
+  const uint8_t* e = in_tail(end);
   if (U16(e + 4) != 0 || U16(e + 6) != 0) {
     return Error(StatusCode::kDataLoss, p, ": multi-disk zip archives are not supported");
   }
   uint64_t count = U16(e + 10), cd_size = U32(e + 12), cd_offset = U32(e + 16);
   uint64_t cd_limit = end;
   if (count == 0xFFFF || cd_size == 0xFFFFFFFFu || cd_offset == 0xFFFFFFFFu) {
-    if (end < 20 || U32(data + end - 20) != kEnd64LocatorSig) {
+    if (end < lowest + 20 || U32(in_tail(end - 20)) != kEnd64LocatorSig) {
       return Error(StatusCode::kDataLoss, p, ": zip64 archive without a zip64 locator at offset ",
                    end);
     }
-    uint64_t rec = U64(data + end - 20 + 8);
-    if (rec > end - 20 || end - 20 - rec < 56 || U32(data + rec) != kEnd64Sig) {
+    uint64_t rec = U64(in_tail(end - 20) + 8);
+    std::vector<uint8_t> r64;
+    if (rec > end - 20 || end - 20 - rec < 56) {
       return Error(StatusCode::kDataLoss, p, ": bad zip64 end of central directory at offset ",
                    rec);
     }
-    count = U64(data + rec + 32);
-    cd_size = U64(data + rec + 40);
-    cd_offset = U64(data + rec + 48);
+    FERRY_RETURN_IF_ERROR(copy(rec, 56, &r64));
+    if (U32(r64.data()) != kEnd64Sig) {
+      return Error(StatusCode::kDataLoss, p, ": bad zip64 end of central directory at offset ",
+                   rec);
+    }
+    count = U64(r64.data() + 32);
+    cd_size = U64(r64.data() + 40);
+    cd_offset = U64(r64.data() + 48);
     cd_limit = rec;
   }
   if (cd_offset > cd_limit || cd_size > cd_limit - cd_offset) {
@@ -108,6 +128,8 @@ Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::str
     return Error(StatusCode::kDataLoss, p, ": central directory claims ", count, " entries in ",
                  cd_size, " bytes");
   }
+  std::vector<uint8_t> dir, local_header;
+  FERRY_RETURN_IF_ERROR(copy(cd_offset, cd_size, &dir));
   // [local header offset, data end) of every entry, to refuse overlapping entries.
   std::vector<std::pair<uint64_t, uint64_t>> extents;
   extents.reserve(count);
@@ -115,11 +137,11 @@ Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::str
   uint64_t pos = cd_offset;
   const uint64_t cd_end = cd_offset + cd_size;
   for (uint64_t i = 0; i < count; ++i) {
-    if (cd_end - pos < kCentralSize || U32(data + pos) != kCentralSig) {
+    const uint8_t* c = dir.data() + (pos - cd_offset);
+    if (cd_end - pos < kCentralSize || U32(c) != kCentralSig) {
       return Error(StatusCode::kDataLoss, p, ": bad central directory entry ", i, " at offset ",
                    pos);
     }
-    const uint8_t* c = data + pos;
     uint16_t flags = U16(c + 8), method = U16(c + 10);
     uint64_t csize = U32(c + 20), usize = U32(c + 24);
     uint64_t name_len = U16(c + 28), extra_len = U16(c + 30), comment_len = U16(c + 32);
@@ -137,10 +159,14 @@ Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::str
       return Error(StatusCode::kDataLoss, where, " is stored but its sizes differ (", csize,
                    " and ", usize, ")");
     }
-    if (local > cd_offset || cd_offset - local < kLocalSize || U32(data + local) != kLocalSig) {
+    if (local > cd_offset || cd_offset - local < kLocalSize + name_len) {
       return Error(StatusCode::kDataLoss, where, ": no local header at offset ", local);
     }
-    const uint8_t* l = data + local;
+    FERRY_RETURN_IF_ERROR(copy(local, kLocalSize + name_len, &local_header));
+    const uint8_t* l = local_header.data();
+    if (U32(l) != kLocalSig) {
+      return Error(StatusCode::kDataLoss, where, ": no local header at offset ", local);
+    }
     uint64_t lname = U16(l + 26), lextra = U16(l + 28);
     uint64_t data_offset = local + kLocalSize + lname + lextra;
     if (data_offset > cd_offset || csize > cd_offset - data_offset) {

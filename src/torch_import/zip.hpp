@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "io.hpp"
 
 namespace ferry::torch_import {
 
@@ -36,8 +37,10 @@ class ZipArchive {
   // Parses the central directory of the archive at [data, data + size). `path` names the
   // file (and where in it the archive lies) in messages. Entries must lie inside the span,
   // before the central directory, must not overlap one another, and each local header must
-  // agree with its central directory entry. The bytes must outlive the archive.
-  static Result<ZipArchive> Open(const uint8_t* data, uint64_t size, std::string path);
+  // agree with its central directory entry. The bytes must outlive the archive. Headers are
+  // read from copies taken under `guard` (the mapping holding the bytes, or null for memory).
+  static Result<ZipArchive> Open(const uint8_t* data, uint64_t size, std::string path,
+                                 const Mapping* guard = nullptr);
 
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // nullptr when absent.

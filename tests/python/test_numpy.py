@@ -126,28 +126,46 @@ def test_metadata_and_keys(path):
         tf.save_file({"a": np.ones(1)}, path, metadata={"step": 7})
 
 
-def test_zero_copy_read_only_views(path):
+def _mapped_from(arr, path):
+    """True when arr's memory lies in a mapping of the file `path` (a zero-copy view)."""
+    addr = arr.__array_interface__["data"][0]
+    real = os.path.realpath(path)
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= addr < hi:
+            return len(fields) >= 6 and fields[5] == real
+    return False
+
+
+def test_zero_copy_views_are_private_copy_on_write(path):
     w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
     bf = np.arange(100).astype(ml_dtypes.bfloat16)
     tf.save_file({"w": w, "bf": bf}, path)
+    before = open(path, "rb").read()
     f = tf.safe_open(path)
     v = f.get_tensor("w")
     b = f.get_tensor("bf")
     assert_same(v, w)
     assert_same(b, bf)
-    assert not v.flags.writeable and not b.flags.writeable
-    with pytest.raises(ValueError):
-        v[0, 0] = 1
-    # Two views of one tensor share the file mapping: no copy was made.
-    v2 = f.get_tensor("w")
-    assert v.__array_interface__["data"][0] == v2.__array_interface__["data"][0]
-    assert np.shares_memory(v, v2)
+    # Zero-copy: the arrays are mappings of the file, not copies.
+    assert _mapped_from(v, path) and _mapped_from(b, path)
     rows = f.get_slice("w")[8:16]
-    assert rows.__array_interface__["data"][0] == v.__array_interface__["data"][0] + 8 * 32 * 4
+    assert _mapped_from(rows, path)
+    # Writable, as safetensors' arrays are; a write changes that array only: not the file, not
+    # another view, not a later one.
+    assert v.flags.writeable and b.flags.writeable
+    v2 = f.get_tensor("w")
+    v[0, 0] = -1
+    b[:] = 7
+    assert v2[0, 0] == 0 and f.get_tensor("w")[0, 0] == 0
+    assert_same(f.get_tensor("bf"), bf)
+    assert open(path, "rb").read() == before
+    assert tf.load_file(path)["w"][0, 0] == 0
     # Views keep the mapping alive after the checkpoint is closed.
     f.close()
     del f, v2
-    assert float(v.sum()) == float(w.sum())
+    assert float(v.sum()) == float(w.sum()) - 1
     assert_same(rows, w[8:16])
 
 
@@ -159,7 +177,7 @@ def test_compressed_tensors_come_as_copies(path):
         assert f.info("w").data_size < w.nbytes
         v = f.get_tensor("w")
         assert_same(v, w)
-        assert not v.flags.writeable  # same contract as a view
+        assert v.flags.writeable  # a copy: the caller's
         assert_same(f.get_slice("w")[3:5], w[3:5])
 
 
@@ -194,11 +212,13 @@ def test_dlpack_export(path):
     with tf.Reader(path) as r:
         t = r.view("w")
         assert t.__dlpack_device__() == (1, 0)
-        assert t.shape == (3, 4) and t.readonly
+        # Views are private copy-on-write mappings: writable for every consumer, legacy too.
+        assert t.shape == (3, 4) and not t.readonly
         assert t.dl_dtype == (2, 64, 1)
-        # A read-only view is never handed to a legacy (pre-1.0) consumer.
-        with pytest.raises(BufferError, match="read-only"):
-            t.__dlpack__()
+        legacy = t.__dlpack__()
+        assert '"dltensor"' in repr(legacy)
+        del legacy  # unconsumed legacy capsule: freed by its destructor
+        t = r.view("w")
         cap = t.__dlpack__(max_version=(1, 0))
         assert "dltensor_versioned" in repr(cap)
         with pytest.raises(BufferError, match="already exported"):

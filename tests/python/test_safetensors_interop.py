@@ -125,8 +125,12 @@ def test_python_package_loads_reference_file_bit_exactly(reference_file):
     assert tf.read_metadata(str(path)) == {"format": "pt", "step": "42"}
     with tf.safe_open(str(path), framework="np") as f:
         view = f.get_tensor("model.layers.0.mlp.up_proj.weight")
-        assert not view.flags.writeable
         np.testing.assert_array_equal(view, arrays["model.layers.0.mlp.up_proj.weight"])
+        before = path.read_bytes()
+        view[:] = 0  # a private copy-on-write view: the .safetensors file stays as it was
+        assert path.read_bytes() == before
+        assert f.get_tensor("model.layers.0.mlp.up_proj.weight").tobytes() == \
+            arrays["model.layers.0.mlp.up_proj.weight"].tobytes()
         rows = f.get_slice("model.embed_tokens.weight")[3:9]
         assert rows.tobytes() == arrays["model.embed_tokens.weight"][3:9].tobytes()
 

@@ -474,3 +474,19 @@ def test_real_torch_fixtures(tmp_path):
                     np.testing.assert_array_equal(s["scale"], np.array(w["scale"], np.float32))
                     np.testing.assert_array_equal(
                         s["amax_history"], np.array(w["amax_history"], np.float32))
+
+
+def test_python_convert_of_safetensors_and_ferry_inputs(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    tf = _tensorferry()
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.int64)}
+    safetensors_numpy.save_file(arrays, str(tmp_path / "m.safetensors"), metadata={"k": "v"})
+    tf.convert(tmp_path / "m.safetensors", tmp_path / "m.ferry", encoding="zstd")
+    tf.convert(tmp_path / "m.ferry", tmp_path / "again.ferry")
+    got = ferry_bytes(tmp_path / "again.ferry")
+    assert {n: v[2] for n, v in got.items()} == {n: a.tobytes() for n, a in arrays.items()}
+    assert tf.read_metadata(str(tmp_path / "again.ferry"))["k"] == "v"
+    with pytest.raises(tf.UnimplementedError, match="ferry convert"):
+        tf.convert(tmp_path / "m.ferry", tmp_path / "x.safetensors")
+    with pytest.raises(tf.NotFoundError):
+        tf.convert(tmp_path / "missing.pt", tmp_path / "y.ferry")

@@ -75,6 +75,16 @@ class _DType:
 _DType.__module__ = "torch"
 
 
+class _Layout:
+    """torch.layout: pickled as torch.serialization._get_layout(<name>)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return (_FAKES["torch.serialization"]._get_layout, (self.name,))
+
+
 def _fn(name):
     def f(*a):
         raise AssertionError("stand-in %s must never be called" % name)
@@ -105,6 +115,8 @@ def _build_fakes():
     utils = _module("torch._utils", _rebuild_tensor_v2=_fn("v2"), _rebuild_tensor_v3=_fn("v3"),
                     _rebuild_parameter=_fn("param"), _rebuild_tensor=_fn("v1"))
     storage_mod = _module("torch.storage", _load_from_bytes=_fn("_load_from_bytes"))
+    serialization = _module("torch.serialization", _get_layout=_fn("_get_layout"))
+    torch.serialization = serialization
     torch._utils = utils
     torch.storage = storage_mod
     recipe = _te_recipe_module()
@@ -115,6 +127,7 @@ def _build_fakes():
     dcp = _dcp_modules()
     osmod = sys.modules["os"]
     return {**dcp, "torch": torch, "torch._utils": utils, "torch.storage": storage_mod,
+            "torch.serialization": serialization,
             "transformer_engine": te, "transformer_engine.common": te_common,
             "transformer_engine.common.recipe": recipe, "os": osmod}
 
@@ -138,7 +151,7 @@ def _dcp_modules():
         dtype: object = None
 
         def __getstate__(self):
-            return (self.dtype, _FAKES["torch"].strided, False,
+            return (self.dtype, _Layout("torch.strided"), False,
                     _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT, False)
 
         def __setstate__(self, state):

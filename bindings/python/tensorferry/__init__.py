@@ -17,8 +17,14 @@ is looked up). Tensors cross by DLPack (``DLPackTensor``); FP8, FP6, FP4 and bfl
 numpy through ml_dtypes.
 """
 
+# The package's version, equal to the library's (CMakeLists.txt: project VERSION); the wheel
+# build reads it from here.
+__version__ = "0.1.0"
+
 import atexit
 import ctypes
+import operator
+import os
 import struct
 import threading
 
@@ -49,8 +55,6 @@ def cuda_available():
 
 
 def _path(p):
-    import os
-
     return os.fsencode(os.fspath(p))
 
 
@@ -128,11 +132,55 @@ def _host_source(value):
     return name, shape, arr.ctypes.data, arr.nbytes, arr
 
 
+def _is_torch(value):
+    return type(value).__module__.startswith("torch") and hasattr(value, "untyped_storage")
+
+
+def _byte_range(t):
+    """[first, end) of the bytes a torch tensor covers in its storage."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (span + 1) * t.element_size()
+
+
+def shared_tensor_groups(tensors):
+    """Sets of names (two or more) of torch tensors in `tensors` whose bytes overlap in one
+    storage, as safetensors finds them; sorted."""
+    by_storage = {}
+    for name, t in tensors.items():
+        if not _is_torch(t) or t.device.type == "meta":
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() == 0 or storage.nbytes() == 0:
+            continue
+        by_storage.setdefault((str(t.device), storage.data_ptr()), []).append(name)
+    groups = []
+    for names in by_storage.values():
+        if len(names) < 2:
+            continue
+        areas = sorted(_byte_range(tensors[n]) + (n,) for n in names)
+        group, end = {areas[0][2]}, areas[0][1]
+        for start, stop, n in areas[1:]:
+            if start >= end:
+                if len(group) > 1:
+                    groups.append(group)
+                group = {n}
+            else:
+                group.add(n)
+            end = max(end, stop)
+        if len(group) > 1:
+            groups.append(group)
+    return sorted(groups, key=sorted)
+
+
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
               threads=0, durable=True, scaling_state=None, producer=None):
     """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
+    torch tensors that share memory are refused (RuntimeError naming them), as safetensors
+    does; non-contiguous tensors are stored contiguously (safetensors refuses them).
     encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
     compress best), or "planes" (bf16/f16 weights about 1.45x smaller, expanded on the GPU
     while loading, so hot loads move fewer bytes over the link); zstd_level None keeps the
@@ -142,6 +190,14 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
+    shared = shared_tensor_groups(tensors)
+    if shared:
+        # Stored twice, they would load as independent tensors (as safetensors refuses them).
+        raise RuntimeError(
+            "tensorferry: some tensors share memory, which would store their bytes twice and "
+            "load them as separate tensors: %s. Save one of each group (or .clone() the "
+            "others), or use tensorferry.torch.save_model, which drops the duplicate names."
+            % ", ".join("{%s}" % ", ".join(repr(n) for n in sorted(g)) for g in shared))
     L = _lib.lib()
     opts = _lib.WriterOptions()
     L.ferry_writer_options_init(ctypes.byref(opts))
@@ -203,7 +259,11 @@ class Reader(_Closable):
         L.ferry_reader_options_init(ctypes.byref(opts))
         opts.verify_on_open = 1 if verify else 0
         handle = ctypes.c_void_p()
-        _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts), ctypes.byref(handle))
+        try:
+            _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts), ctypes.byref(handle))
+        except NotFoundError as e:
+            # Opening reports NotFound only for the file itself: Python's type for that.
+            raise _lib.MissingFileError(e.code, str(e), os.fspath(path)) from None
         self._handle = handle
         self._lib = L
         try:
@@ -232,6 +292,10 @@ class Reader(_Closable):
             raise ValueError("tensorferry: the checkpoint is closed")
         return self._handle
 
+    @property
+    def closed(self):
+        return self._handle is None
+
     def close(self):
         h, self._handle = self._handle, None
         if h is not None:
@@ -247,6 +311,7 @@ class Reader(_Closable):
         return self._lib.ferry_reader_producer(self.handle).decode("utf-8")
 
     def keys(self):
+        self.handle  # raises once closed, like every other call
         return list(self._order)
 
     def _index_of(self, name):
@@ -264,6 +329,7 @@ class Reader(_Closable):
         return self._order[i], dtype, shape, nbytes, encoding, data_offset, data_size, packed
 
     def info(self, name):
+        self.handle
         info = self._infos.get(name)
         if info is None:
             i = self._index_of(name)
@@ -378,14 +444,13 @@ def _numpy_load_all(reader, verify=False):
 
 
 def _numpy_view(reader, name, verify=False):
-    """Zero-copy read-only view for raw tensors; a copy where a view cannot be had."""
+    """Zero-copy view for raw tensors (a private copy-on-write mapping: writable, and writes
+    stay in this process); a copy where a view cannot be had."""
     import numpy as np
 
     info = reader.info(name)
     if info.encoding != "raw" or info.dtype == "F4_E2M1FN" or info.nbytes == 0:
-        arr = _numpy_copy(reader, name, verify=verify)
-        arr.flags.writeable = False
-        return arr
+        return _numpy_copy(reader, name, verify=verify)
     t = reader.view(name, verify)
     if _dtypes.numpy_native(info.dtype) and _numpy_major() >= 2:
         return np.from_dlpack(t)
@@ -716,10 +781,21 @@ def read_scaling_state(path):
 class safe_open:
     """Lazy access to a checkpoint, in the shape of safetensors.safe_open.
 
-    framework "np": device must be "cpu"; get_tensor returns zero-copy read-only views of the
-    file for raw-encoded tensors (copies for compressed and FP4 tensors). framework "pt":
-    device "cpu" gives torch copies; "cuda" (current device), "cuda:N" load to the GPU on
-    its current torch stream.
+    framework "np": device must be "cpu"; get_tensor returns zero-copy views of the file for
+    raw-encoded tensors (copies for compressed and FP4 tensors). framework "pt": device "cpu"
+    gives torch copies; "cuda" (current device), "cuda:N" load to the GPU on its current torch
+    stream.
+
+    Behaves as safetensors' safe_open does: a missing file raises FileNotFoundError;
+    metadata() is None when the file has none; get_slice(name)[...] takes ints, slices (with
+    steps), Ellipsis and tuples of them, and a bound past a dimension's end raises; every call
+    after close (or after the ``with`` block) raises. Where it differs, on purpose:
+    - errors are tensorferry's types, not SafetensorError: NotFoundError (a LookupError) for
+      an unknown tensor, IndexError for an index out of range, ValueError on a closed file;
+    - numpy views of raw tensors are not copies but private copy-on-write mappings: writable,
+      and a write changes only that array (never the file, nor another view);
+    - negative slice bounds count from the end, as in Python (safetensors rejects them);
+    - metadata() cannot tell an empty dict from none: both give None.
     """
 
     def __init__(self, filename, framework="np", device="cpu", verify=False):
@@ -740,7 +816,7 @@ class safe_open:
         return self._reader.keys()
 
     def metadata(self):
-        return self._reader.metadata()
+        return self._reader.metadata() or None
 
     def scaling_state(self):
         return self._reader.scaling_state()
@@ -752,7 +828,6 @@ class safe_open:
         return self._get(name, None)
 
     def get_slice(self, name):
-        self._reader.info(name)
         return _Slice(self, name)
 
     def _get(self, name, rows):
@@ -769,9 +844,50 @@ class safe_open:
         return _torch_cuda_load(r, [(name, rows)], self._device, verify=self._verify)[0]
 
 
+def _expand_index(key, shape, name):
+    """`key` as a tuple of one int or slice per leading dimension (Ellipsis expanded), every
+    bound checked against `shape` as safetensors checks it."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("tensorferry: an index can only have a single ellipsis (...)")
+    if Ellipsis in key:
+        at = key.index(Ellipsis)
+        fill = max(0, len(shape) - (len(key) - 1))
+        key = key[:at] + (slice(None),) * fill + key[at + 1:]
+    if len(key) > len(shape):
+        raise IndexError("tensorferry: too many indices for tensor %r of shape %s"
+                         % (name, list(shape)))
+    out = []
+    for dim, (k, n) in enumerate(zip(key, shape)):
+        if isinstance(k, slice):
+            bounds = [b if b is None else operator.index(b) for b in (k.start, k.stop)]
+            step = 1 if k.step is None else operator.index(k.step)
+            if step == 0:
+                raise ValueError("tensorferry: slice step cannot be zero")
+            # As safetensors: a start must index an element, a stop may be the end.
+            for b, end in zip(bounds, (n - 1, n)):
+                if b is not None and not -n <= b <= end:
+                    raise IndexError(
+                        "tensorferry: index %d out of bounds for dimension %d of size %d of "
+                        "tensor %r" % (b, dim, n, name))
+            out.append(slice(bounds[0], bounds[1], step))
+        else:
+            try:
+                i = operator.index(k)
+            except TypeError:
+                raise TypeError("tensorferry: tensor %r: indices must be int, slice or ..., "
+                                "got %r" % (name, k)) from None
+            if not -n <= i < n:
+                raise IndexError("tensorferry: index %d out of bounds for dimension %d of size "
+                                 "%d of tensor %r" % (i, dim, n, name))
+            out.append(i)
+    return tuple(out)
+
+
 class _Slice:
-    """Row access to one tensor: slice[a:b] reads only rows a..b-1 of dimension 0; further
-    indices apply to the rows read."""
+    """Indexed access to one tensor: reads only the rows of dimension 0 that the index
+    selects (one contiguous range), then applies the rest of the index to them."""
 
     def __init__(self, owner, name):
         self._owner = owner
@@ -785,29 +901,71 @@ class _Slice:
         return self._info.dtype
 
     def __getitem__(self, key):
-        rest = ()
-        if isinstance(key, tuple):
-            key, rest = (key[0], key[1:]) if key else (slice(None), ())
         shape = self._info.shape
-        if not shape:
-            raise IndexError("tensorferry: %r is a scalar" % self._name)
-        n = shape[0]
-        if isinstance(key, slice):
-            start, stop, step = key.indices(n)
-            if step == 1:
-                lo, hi, sub = start, max(start, stop), None
+        key = _expand_index(key, shape, self._name)
+        if not key:
+            return self._owner._get(self._name, None)
+        first, rest = key[0], key[1:]
+        flip = False
+        if isinstance(first, slice):
+            start, stop, step = first.indices(shape[0])
+            count = len(range(start, stop, step))
+            if count == 0:
+                lo = hi = 0
+                sub = slice(0, 0)
+            elif step > 0:
+                lo, hi = start, start + (count - 1) * step + 1
+                sub = slice(None, None, step)
             else:
-                lo, hi, sub = 0, n, slice(start, stop, step)
+                # Rows start, start+step, ...: read the span once, select with a positive
+                # step from its far end, then reverse (torch has no negative steps).
+                last = start + (count - 1) * step
+                lo, hi = last, start + 1
+                sub, flip = slice(None, None, -step), True
         else:
-            k = int(key)
-            if k < 0:
-                k += n
-            if not 0 <= k < n:
-                raise IndexError("tensorferry: row %d out of range for %r with %d rows"
-                                 % (int(key), self._name, n))
-            lo, hi, sub = k, k + 1, 0
+            lo = first % shape[0]
+            hi, sub = lo + 1, 0
         out = self._owner._get(self._name, (lo, hi))
-        index = ((sub,) if sub is not None else (slice(None),)) + tuple(rest)
-        if sub is None and not rest:
-            return out
-        return out[index]
+        if sub != slice(None, None, 1) or rest:
+            out = out[(sub,) + rest]
+        if flip:
+            out = out.flip(0) if hasattr(out, "flip") else out[::-1]
+        return out
+
+
+# ---- bytes --------------------------------------------------------------------------------
+
+
+def _save_bytes(tensors, metadata, **options):
+    """The bytes of the checkpoint save_file would write. The writer works on files: it writes
+    a temporary one (not fsynced) and reads it back."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tensorferry-") as tmp:
+        path = os.path.join(tmp, "checkpoint.ferry")
+        save_file(tensors, path, metadata=metadata, durable=False, **options)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _load_bytes(data, load):
+    """load(path) over a checkpoint given as bytes, held in an anonymous in-memory file
+    (memfd) where the system has them, else in a temporary file. `load` must return copies,
+    not views of the file."""
+    import tempfile
+
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("tensorferry: load expects bytes, got %s" % type(data).__name__)
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tensorferry", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(data)
+            return load("/proc/self/fd/%d" % fd)
+        finally:
+            os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="tensorferry-") as tmp:
+        path = os.path.join(tmp, "checkpoint.ferry")
+        with open(path, "wb") as f:
+            f.write(data)
+        return load(path)

@@ -10,15 +10,9 @@ import ctypes
 
 from . import _lib
 
-_PyCapsule_Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
-_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _PyCapsule_Destructor]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
 def _static_cstring(text):
@@ -33,22 +27,11 @@ _NAME_VERSIONED = _static_cstring(b"dltensor_versioned")
 _NAME_LEGACY = _static_cstring(b"dltensor")
 
 
-@_PyCapsule_Destructor
-def _destroy_versioned(capsule):
-    # Runs when a capsule dies unconsumed (a consumer renames the capsules it takes).
-    if _api.PyCapsule_IsValid(capsule, _NAME_VERSIONED):
-        _lib.lib().ferry_dlpack_free(_api.PyCapsule_GetPointer(capsule, _NAME_VERSIONED))
-
-
-@_PyCapsule_Destructor
-def _destroy_legacy(capsule):
-    if _api.PyCapsule_IsValid(capsule, _NAME_LEGACY):
-        _lib.lib().ferry_dlpack_legacy_free(_api.PyCapsule_GetPointer(capsule, _NAME_LEGACY))
-
-
-# The destructors must outlive every capsule, including those freed during shutdown.
-_api.Py_IncRef(ctypes.py_object(_destroy_versioned))
-_api.Py_IncRef(ctypes.py_object(_destroy_legacy))
+def _capsule(ptr, name):
+    # The destructor is C (ferry_dlpack_capsule_destructor): it runs when a consumer refuses
+    # the tensor with its exception pending, which a ctypes callback cannot survive.
+    destructor = ctypes.cast(_lib.lib().ferry_dlpack_capsule_destructor, ctypes.c_void_p)
+    return _api.PyCapsule_New(ptr, name, destructor)
 
 
 class DLPackTensor:
@@ -111,7 +94,7 @@ class DLPackTensor:
             raise BufferError("tensorferry: copy=True is not supported; copy after import")
         ptr = self._ptr
         if max_version is not None and tuple(max_version)[0] >= 1:
-            capsule = _api.PyCapsule_New(ptr, _NAME_VERSIONED, _destroy_versioned)
+            capsule = _capsule(ptr, _NAME_VERSIONED)
             self._ptr = None
             return capsule
         if self.readonly:
@@ -123,7 +106,7 @@ class DLPackTensor:
         legacy = ctypes.c_void_p()
         _lib.call("ferry_dlpack_to_legacy", ptr, ctypes.byref(legacy))
         self._ptr = None
-        return _api.PyCapsule_New(legacy.value, _NAME_LEGACY, _destroy_legacy)
+        return _capsule(legacy.value, _NAME_LEGACY)
 
     def __repr__(self):
         if not self._ptr:

@@ -11,6 +11,7 @@ Where libferry.so comes from, first match wins:
 
 import ctypes
 import ctypes.util
+import errno
 import glob
 import os
 import threading
@@ -244,6 +245,19 @@ class NotFoundError(FerryError, LookupError):
     pass
 
 
+class MissingFileError(NotFoundError, FileNotFoundError):
+    """The checkpoint file does not exist: a FileNotFoundError, as Python's open() raises."""
+
+    def __init__(self, code, message, filename=None):
+        super().__init__(code, message)
+        self.errno = errno.ENOENT
+        self.strerror = message
+        self.filename = filename
+
+    def __str__(self):
+        return self.strerror
+
+
 class DataLossError(FerryError):
     pass
 
@@ -380,6 +394,7 @@ def _declare(lib):
     fn("ferry_dlpack_free", None, c_void_p)
     fn("ferry_dlpack_to_legacy", I, c_void_p, POINTER(c_void_p), E)
     fn("ferry_dlpack_legacy_free", None, c_void_p)
+    fn("ferry_dlpack_capsule_destructor", None, c_void_p)
 
     fn("ferry_writer_options_init", None, POINTER(WriterOptions))
     fn("ferry_writer_create", I, c_char_p, POINTER(WriterOptions), POINTER(c_void_p), E)

@@ -1,9 +1,26 @@
-"""torch integration: a module's state_dict and its FP8 scaling state, with no pickle.
+"""torch integration, in the shape of ``safetensors.torch``, plus FP8 scaling state.
 
     import tensorferry.torch as tft
+    tft.save_file({"w": tensor}, "model.ferry", metadata={"step": "10"})
+    tensors = tft.load_file("model.ferry", device="cuda")   # torch tensors, CURRENT device
+    tft.save_model(model, "model.ferry")
+    missing, unexpected = tft.load_model(model, "model.ferry")   # into the module's tensors
+    data = tft.save({"w": tensor}); tensors = tft.load(data)     # bytes
+
     tft.save_state_dict(model, "ckpt.ferry", scaling_state=fp8_state, metadata={"step": "100"})
     state = tft.load_state_dict("ckpt.ferry", module=model)       # current device, stream
     fp8_state = tft.load_scaling_state("ckpt.ferry")               # tensors on current device
+
+The safetensors-shaped calls take the same arguments and give the same results and errors
+as safetensors.torch (tensors that share memory are refused by save_file with a message
+naming them; save_model drops duplicate names; load_model is strict or not, returning
+(missing, unexpected)). Where TensorFerry differs, on purpose:
+- ``device="cuda"`` (or ``torch.device("cuda")``) is the current device,
+  ``torch.cuda.current_device()``, never cuda:0; copies run on that device's current stream;
+- load_model loads each tensor straight into the module's own tensor, on the device where
+  that tensor lives (no copy through the CPU); ``device`` is accepted and ignored;
+- save_file stores non-contiguous tensors contiguously (safetensors refuses them);
+- save_file and save take TensorFerry's options as keywords (encoding="shuffle_zstd", ...).
 
 Loading targets torch.cuda.current_device() and torch.cuda.current_stream() (or the device
 you name); nothing is created on any other GPU. The scaling state is structured data
@@ -14,9 +31,10 @@ direction, stored in the checkpoint's ScalingState tables.
 import torch as _torch
 
 import tensorferry as _tf
-from tensorferry import _scaling
+from tensorferry import _dtypes, _scaling
 
-__all__ = ["save_state_dict", "load_state_dict", "load_scaling_state", "recipe_to_dict",
+__all__ = ["save_file", "load_file", "save", "load", "save_model", "load_model",
+           "save_state_dict", "load_state_dict", "load_scaling_state", "recipe_to_dict",
            "load_te_extra_state"]
 
 recipe_to_dict = _scaling.recipe_to_dict
@@ -105,3 +123,154 @@ def load_te_extra_state(path, *, device=None):
             blob = _torch.frombuffer(bytearray(pickle.dumps(state)), dtype=_torch.uint8)
         out[(module + "." if module else "") + "_extra_state"] = blob.to(device)
     return out
+
+
+# ---- safetensors.torch-shaped calls -----------------------------------------------------
+
+
+def _check_tensors(tensors):
+    if not isinstance(tensors, dict):
+        raise ValueError("Expected a dict of [str, torch.Tensor] but received %s"
+                         % type(tensors))
+    for name, value in tensors.items():
+        if not isinstance(value, _torch.Tensor):
+            raise ValueError("Key `%s` is invalid, expected torch.Tensor but received %s"
+                             % (name, type(value)))
+        if value.layout != _torch.strided:
+            raise ValueError("tensorferry: %r is a sparse tensor; only dense tensors are "
+                             "stored (.to_dense() first)" % name)
+
+
+def save_file(tensors, filename, metadata=None, **options):
+    """Writes `tensors` (name -> torch.Tensor, CPU or CUDA) to `filename`, atomically.
+    `options`: those of tensorferry.save_file (encoding, zstd_level, durable, ...)."""
+    _check_tensors(tensors)
+    _tf.save_file(tensors, filename, metadata=metadata, **options)
+
+
+def save(tensors, metadata=None, **options):
+    """The checkpoint as bytes."""
+    _check_tensors(tensors)
+    return _tf._save_bytes(tensors, metadata, **options)
+
+
+def load_file(filename, device="cpu"):
+    """Every tensor of `filename` as a torch tensor on `device`: "cpu", "cuda" (the current
+    device), "cuda:N", an int N or a torch.device."""
+    return _tf.load_file(filename, device=device, framework="pt")
+
+
+def load(data):
+    """Every tensor of a checkpoint given as bytes, as CPU torch tensors."""
+    return _tf._load_bytes(data, lambda path: load_file(path, device="cpu"))
+
+
+def _is_complete(t):
+    storage = t.untyped_storage()
+    return t.data_ptr() == storage.data_ptr() and \
+        t.numel() * t.element_size() == storage.nbytes()
+
+
+def _duplicate_names(state_dict, preferred=()):
+    """{kept name: [names dropped]} for tensors sharing memory, keeping for each group a name
+    that covers the whole storage (preferring `preferred`), as safetensors does."""
+    preferred = set(preferred)
+    out = {}
+    for group in _tf.shared_tensor_groups(state_dict):
+        complete = sorted(n for n in group if _is_complete(state_dict[n]))
+        if not complete:
+            raise RuntimeError(
+                "tensorferry: tensors %s share memory and none covers the whole storage; "
+                "refusing to save more bytes than the model holds" % sorted(group))
+        keep = complete[0]
+        favoured = [n for n in complete if n in preferred]
+        if favoured:
+            keep = favoured[0]
+        out[keep] = sorted(n for n in group if n != keep)
+    return out
+
+
+def save_model(model, filename, metadata=None, force_contiguous=True, **options):
+    """Saves `model.state_dict()`, storing tensors that share memory once: the other names are
+    dropped and recorded in the metadata as dropped name -> kept name (like safetensors)."""
+    state_dict = model.state_dict()
+    for kept, dropped in _duplicate_names(state_dict).items():
+        for name in dropped:
+            metadata = {} if metadata is None else metadata
+            metadata.setdefault(name, kept)
+            del state_dict[name]
+    if force_contiguous:
+        state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    save_file(state_dict, filename, metadata=metadata, **options)
+
+
+def _direct_target(tensor, info):
+    """True when the stored tensor's bytes can land in `tensor` as they are."""
+    if info.dtype in ("F4_E2M1FN", "F6_E2M3FN", "F6_E3M2FN"):
+        return False
+    return (tensor.dtype == _dtypes.to_torch(info.dtype) and tuple(tensor.shape) == info.shape
+            and tensor.is_contiguous() and tensor.layout == _torch.strided
+            and tensor.device.type in ("cpu", "cuda"))
+
+
+def load_model(model, filename, strict=True, device=None):
+    """Loads `filename` into `model`'s own tensors and returns (missing, unexpected): names
+    of the model the file lacks, and names in the file the model does not use.
+
+    Each tensor is read straight into the module's tensor, on that tensor's device and that
+    device's current stream (so a model on cuda:1 is loaded on cuda:1 and no other GPU is
+    touched); tensors whose dtype, shape or layout differ go through
+    ``model.load_state_dict`` and get its conversions and size checks. With `strict`, missing
+    or unexpected names raise RuntimeError (the message safetensors gives) after the load.
+    `device` is accepted for safetensors compatibility and not used.
+    """
+    state = model.state_dict()
+    with _tf.Reader(filename) as reader:
+        file_names = reader.keys()
+        dropped = _duplicate_names(state, preferred=file_names)
+        direct = {}
+        other = {}
+        for name in file_names:
+            target = state.get(name)
+            if target is None:
+                continue
+            if _direct_target(target, reader.info(name)):
+                direct.setdefault(target.device, []).append((name, target))
+            else:
+                other[name] = _tf._torch_host(reader, name)
+        with _torch.no_grad():
+            for dev, items in direct.items():
+                if dev.type == "cpu":
+                    for name, t in items:
+                        if t.numel():
+                            reader.read_into(name, t.data_ptr(), reader.region(name)[1])
+                    continue
+                index = dev.index if dev.index is not None else _torch.cuda.current_device()
+                targets = [(name, None, t, reader.region(name)[1]) for name, t in items
+                           if t.numel()]
+                if targets:
+                    with _torch.cuda.device(index):
+                        stream = _torch.cuda.current_stream(index)
+                        _tf._default_loader(index).load_into(reader, targets,
+                                                             stream=stream.cuda_stream)
+    if other:
+        model.load_state_dict(other, strict=False)
+    loaded = set(file_names)
+    missing = set(n for n in state if n not in loaded)
+    unexpected = [n for n in file_names if n not in state]
+    for names in dropped.values():
+        for name in names:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        error = "Error(s) in loading state_dict for %s:" % model.__class__.__name__
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(
+                '"%s"' % k for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
+                '"%s"' % k for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return missing, unexpected
