@@ -189,7 +189,7 @@ void AppendBatches(std::vector<Piece>& pieces, uint32_t first, uint32_t last, ui
 }
 
 // A whole PLANES-coded block: the device can expand it straight into the destination.
-bool DevicePlanesPiece(const Reader::Impl& r, const Resolved& rr, const Piece& p) {
+[[maybe_unused]] bool DevicePlanesPiece(const Reader::Impl& r, const Resolved& rr, const Piece& p) {
   if (rr.info.encoding != Encoding::kPlanes || p.len == 0) return false;
   const fb::Tensor* t = r.at(rr.tensor);
   const uint64_t bs = t->block_size();
@@ -199,7 +199,8 @@ bool DevicePlanesPiece(const Reader::Impl& r, const Resolved& rr, const Piece& p
 }
 
 // Stored size of a PLANES piece (see DevicePlanesPiece).
-uint64_t PlanesStoredSize(const Reader::Impl& r, const Resolved& rr, const Piece& p) {
+[[maybe_unused]] uint64_t PlanesStoredSize(const Reader::Impl& r, const Resolved& rr,
+                                           const Piece& p) {
   const fb::Tensor* t = r.at(rr.tensor);
   return t->chunks()
       ->Get(static_cast<flatbuffers::uoffset_t>(p.begin / t->block_size()))
@@ -207,9 +208,9 @@ uint64_t PlanesStoredSize(const Reader::Impl& r, const Resolved& rr, const Piece
 }
 
 // Packs PLANES pieces by stored size, 256-byte aligned (the decoder's source alignment).
-void AppendPlanesBatches(const Reader::Impl& r, const std::vector<Resolved>& res,
-                         std::vector<Piece>& pieces, uint32_t first, uint32_t last,
-                         uint64_t slot_bytes, std::vector<Batch>* batches) {
+[[maybe_unused]] void AppendPlanesBatches(const Reader::Impl& r, const std::vector<Resolved>& res,
+                                          std::vector<Piece>& pieces, uint32_t first, uint32_t last,
+                                          uint64_t slot_bytes, std::vector<Batch>* batches) {
   uint64_t used = 0;
   bool open = false;
   for (uint32_t i = first; i < last; ++i) {
