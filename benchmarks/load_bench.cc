@@ -181,8 +181,8 @@ void BM_Load(benchmark::State& state) {
   LoaderOptions o;
   o.host_path = static_cast<HostPath>(state.range(0));
   o.threads = static_cast<int>(state.range(1));
-  o.chunk_bytes = static_cast<uint64_t>(state.range(2)) << 20;
-  o.staging_bytes = std::max<uint64_t>(uint64_t{64} << 20, 4 * o.chunk_bytes);
+  o.slot_bytes = static_cast<uint64_t>(state.range(2)) << 20;
+  o.staging_bytes = std::max<uint64_t>(uint64_t{64} << 20, 4 * o.slot_bytes);
   o.streaming_stores = state.range(5) != 0;
   const bool prealloc = state.range(3) != 0;
   const bool fresh = state.range(4) != 0;

@@ -15,11 +15,14 @@
 #include <utility>
 #include <vector>
 
+#include "block_source.hpp"
+#include "ferry/distributed.hpp"
 #include "ferry/ferry.h"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "ferry/sharded.hpp"
+#include "footer.hpp"
 #include "io.hpp"
-#include "reader_impl.hpp"
 #include "torch_import/import_writer.hpp"
 #include "util.hpp"
 
@@ -80,6 +83,10 @@ struct ferry_reader_t {
   // per-tensor C++ objects.
   mutable std::once_flag table_once;
   mutable std::unique_ptr<TensorTable> table;
+};
+
+struct ferry_sharded_t {
+  std::shared_ptr<ferry::ShardedCheckpoint> sharded;
 };
 
 struct ferry_loader_t {
@@ -445,10 +452,39 @@ void FillScaling(const CScaling& c, ferry_scaling_state_t* out) {
   FillSized(full, out);
 }
 
+std::unique_ptr<ferry_reader_t> WrapReader(std::shared_ptr<ferry::Reader> reader) {
+  auto h = std::make_unique<ferry_reader_t>();
+  h->reader = std::move(reader);
+  const ferry::Reader& rd = *h->reader;
+  h->producer = rd.producer();
+  h->num_tensors = rd.num_tensors();
+  h->metadata = rd.metadata();
+  for (const ferry::ScalingState& s : rd.scaling_states()) h->scaling.push_back(ToCScaling(s));
+  return h;
+}
+
+// open(path, ReaderOptions from the C struct, NULL: defaults), its result handed to `take`.
+template <typename Open, typename Take>
+int OpenWithOptions(const char* path, const ferry_reader_options_t* options, const char* fn,
+                    ferry_error_t* error, Open open, Take take) {
+  ferry::ReaderOptions o;
+  if (options != nullptr) {
+    if (!FERRY_C_HAS(options, verify_on_open)) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(fn, ": options->struct_size is not set"));
+    }
+    o.verify_on_open = options->verify_on_open != 0;
+  }
+  auto opened = open(path, o);
+  if (!opened.ok()) return Report(opened.status(), error);
+  take(std::move(opened).value());
+  return FERRY_OK;
+}
+
 // One pass over the footer's tensor tables (no per-tensor heap objects): sizes first, so
 // the three arrays are allocated once.
 std::unique_ptr<TensorTable> BuildTable(const ferry::Reader& reader) {
-  const ferry::Reader::Impl& r = reader.impl();
+  const ferry::BlockSource& r = ferry::BlocksOf(reader);
   const size_t n = r.size();
   auto t = std::make_unique<TensorTable>();
   uint64_t name_bytes = 0, dims = 0;
@@ -1050,25 +1086,10 @@ int ferry_reader_open(const char* path, const ferry_reader_options_t* options, f
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(path);
     FERRY_C_REQUIRE(out);
-    ferry::ReaderOptions o;
-    if (options != nullptr) {
-      if (options->struct_size < offsetof(ferry_reader_options_t, verify_on_open) + 4) {
-        return Fail(error, FERRY_INVALID_ARGUMENT,
-                    "ferry_reader_open: options->struct_size is not set");
-      }
-      o.verify_on_open = options->verify_on_open != 0;
-    }
-    auto r = ferry::Reader::Open(path, o);
-    if (!r.ok()) return Report(r.status(), error);
-    auto h = std::make_unique<ferry_reader_t>();
-    h->reader = std::move(r).value();
-    const ferry::Reader& rd = *h->reader;
-    h->producer = rd.producer();
-    h->num_tensors = rd.num_tensors();
-    h->metadata = rd.metadata();
-    for (const ferry::ScalingState& s : rd.scaling_states()) h->scaling.push_back(ToCScaling(s));
-    *out = h.release();
-    return FERRY_OK;
+    return OpenWithOptions(
+        path, options, fn, error,
+        [](const char* p, const ferry::ReaderOptions& o) { return ferry::Reader::Open(p, o); },
+        [&](std::shared_ptr<ferry::Reader> r) { *out = WrapReader(std::move(r)).release(); });
   });
 }
 
@@ -1234,9 +1255,8 @@ int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t f
     // maps its bytes again, privately: a write copies the page into this process.
     std::shared_ptr<ferry::PrivateRegion> region;
     if (view->nbytes > 0) {
-      const auto* base = view->keepalive->data();
-      const auto offset = static_cast<uint64_t>(static_cast<const uint8_t*>(view->data) - base);
-      auto mapped = ferry::PrivateRegion::Map(*view->keepalive, offset, view->nbytes);
+      const ferry::Mapping& file = *ferry::BlocksOf(*reader->reader).mapping();
+      auto mapped = ferry::PrivateRegion::Map(file, view->info.data_offset, view->nbytes);
       if (!mapped.ok()) return Report(mapped.status(), error);
       region = std::move(*mapped);
     }
@@ -1283,12 +1303,14 @@ void ferry_loader_options_init(ferry_loader_options_t* options) {
   std::memset(static_cast<void*>(options), 0, sizeof(*options));
   options->struct_size = sizeof(*options);
   options->staging_bytes = d.staging_bytes;
-  options->chunk_bytes = d.chunk_bytes;
+  options->slot_bytes = d.slot_bytes;
   options->threads = d.threads;
   options->host_path = static_cast<int32_t>(d.host_path);
   options->pinned_alloc = static_cast<int32_t>(d.pinned_alloc);
   options->verify = d.verify ? 1 : 0;
   options->io = static_cast<int32_t>(d.io);
+  options->register_window_bytes = d.register_window_bytes;
+  options->streaming_stores = d.streaming_stores ? 1 : 0;
 }
 
 int ferry_cuda_available(void) {
@@ -1308,7 +1330,7 @@ int ferry_loader_create(const ferry_loader_options_t* options, ferry_loader_t** 
       int rc = CheckSized(options, fn, "options", error);
       if (rc != FERRY_OK) return rc;
       if (FERRY_C_HAS(options, staging_bytes)) o.staging_bytes = options->staging_bytes;
-      if (FERRY_C_HAS(options, chunk_bytes)) o.chunk_bytes = options->chunk_bytes;
+      if (FERRY_C_HAS(options, slot_bytes)) o.slot_bytes = options->slot_bytes;
       if (FERRY_C_HAS(options, threads)) o.threads = options->threads;
       if (FERRY_C_HAS(options, host_path)) {
         if (options->host_path < FERRY_HOST_PATH_AUTO ||
@@ -1334,6 +1356,12 @@ int ferry_loader_create(const ferry_loader_options_t* options, ferry_loader_t** 
                       ferry::StrCat("ferry_loader_create: unknown io ", options->io));
         }
         o.io = static_cast<ferry::IoMode>(options->io);
+      }
+      if (FERRY_C_HAS(options, register_window_bytes)) {
+        o.register_window_bytes = options->register_window_bytes;
+      }
+      if (FERRY_C_HAS(options, streaming_stores)) {
+        o.streaming_stores = options->streaming_stores != 0;
       }
     }
     auto l = ferry::Loader::Create(o);
@@ -1408,6 +1436,78 @@ int ferry_loader_load_to_host_packed(ferry_loader_t* loader, const ferry_reader_
                                      void* dst, uint64_t dst_size, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     return RunPacked(loader, reader, dst, dst_size, nullptr, 2, fn, error);
+  });
+}
+
+// ---- sharded checkpoints and distributed plans ------------------------------------------
+
+int ferry_sharded_open(const char* path, const ferry_reader_options_t* options,
+                       ferry_sharded_t** out, ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(path);
+    FERRY_C_REQUIRE(out);
+    return OpenWithOptions(path, options, fn, error, ferry::ShardedCheckpoint::Open,
+                           [&](std::shared_ptr<ferry::ShardedCheckpoint> s) {
+                             *out = new ferry_sharded_t{std::move(s)};
+                           });
+  });
+}
+
+void ferry_sharded_free(ferry_sharded_t* sharded) { delete sharded; }
+
+size_t ferry_sharded_num_shards(const ferry_sharded_t* sharded) {
+  return sharded == nullptr ? 0 : sharded->sharded->num_shards();
+}
+
+int ferry_sharded_shard(const ferry_sharded_t* sharded, size_t shard, ferry_reader_t** out,
+                        ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(sharded);
+    FERRY_C_REQUIRE(out);
+    if (shard >= sharded->sharded->num_shards()) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(sharded->sharded->path(), ": no shard ", shard, " (of ",
+                                sharded->sharded->num_shards(), ")"));
+    }
+    *out = WrapReader(sharded->sharded->shard(shard)).release();
+    return FERRY_OK;
+  });
+}
+
+int ferry_sharded_find(const ferry_sharded_t* sharded, const char* name, size_t* shard,
+                       ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(sharded);
+    FERRY_C_REQUIRE(name);
+    FERRY_C_REQUIRE(shard);
+    auto loc = sharded->sharded->Find(name);
+    if (!loc.ok()) return Report(loc.status(), error);
+    *shard = loc->shard;
+    return FERRY_OK;
+  });
+}
+
+int ferry_split_plan(const ferry_plan_item_t* items, size_t num_items, int32_t nranks,
+                     int32_t rounds, ferry_plan_piece_t* pieces, size_t capacity, size_t* count,
+                     ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(count);
+    if (num_items > 0) FERRY_C_REQUIRE(items);
+    if (nranks < 1 || rounds < 1) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat("ferry_split_plan: nranks ", nranks, " and rounds ", rounds,
+                                " must be at least 1"));
+    }
+    std::vector<ferry::PlanItem> in(num_items);
+    for (size_t i = 0; i < num_items; ++i) in[i] = {items[i].bytes, items[i].row_bytes};
+    std::vector<ferry::PlanPiece> plan = ferry::SplitPlan(in, nranks, rounds);
+    *count = plan.size();
+    if (capacity < plan.size()) return FERRY_OK;
+    if (!plan.empty()) FERRY_C_REQUIRE(pieces);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      pieces[i] = {plan[i].item, plan[i].segment, plan[i].begin, plan[i].len};
+    }
+    return FERRY_OK;
   });
 }
 

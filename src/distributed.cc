@@ -17,9 +17,9 @@
 #include <thread>
 #include <tuple>
 
+#include "block_source.hpp"
 #include "codec.hpp"
 #include "cuda_util.hpp"
-#include "reader_impl.hpp"
 #include "util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -197,7 +197,7 @@ Source FromReader(const Reader& reader) {
   Source s;
   s.shards.push_back(&reader);
   s.find = [&reader](std::string_view name) -> Result<std::pair<uint32_t, size_t>> {
-    FERRY_ASSIGN_OR_RETURN(size_t i, reader.impl().Lookup(name));
+    FERRY_ASSIGN_OR_RETURN(size_t i, BlocksOf(reader).Lookup(name));
     return std::make_pair(uint32_t{0}, i);
   };
   s.names = [&reader] { return reader.names(); };
@@ -297,30 +297,23 @@ class DistributedLoader::Impl {
     auto add = [&](size_t k, std::string_view name, int64_t row_begin, int64_t row_end, void* dst,
                    uint64_t dst_bytes) -> Status {
       FERRY_ASSIGN_OR_RETURN(auto where, src.find(name));
-      const Reader::Impl& r = src.shards[where.first]->impl();
+      const BlockSource& r = BlocksOf(*src.shards[where.first]);
+      FERRY_ASSIGN_OR_RETURN(Extent e, r.Locate(where.second, row_begin, row_end));
       Item m;
       m.request = k;
       m.shard = where.first;
-      m.tensor = where.second;
-      m.info = r.Info(m.tensor);
-      uint64_t begin = 0;
-      m.len = m.info.nbytes;
+      m.tensor = e.tensor;
       m.whole = row_begin == 0 && row_end < 0;
-      const int64_t rows = m.info.shape.empty() ? 0 : m.info.shape[0];
-      if (!m.whole) {
-        int64_t end = row_end < 0 ? rows : row_end;
-        FERRY_ASSIGN_OR_RETURN(auto range, r.RowRange(m.tensor, row_begin, end));
-        begin = range.first;
-        m.len = range.second;
-        m.row0 = row_begin;
-        m.info.shape[0] = end - row_begin;
-      }
-      // Cut only where the Loader can start a row range: a row must start on a byte.
-      if (rows > 1) {
+      m.row0 = m.whole ? 0 : row_begin;
+      m.len = e.len;
+      m.file_begin = e.file_offset();
+      // Cut only where the Loader can start a row range: a row must start on a byte. A tensor
+      // of one row is not cut.
+      if (!m.whole || (!e.info.shape.empty() && e.info.shape[0] > 1)) {
         auto one = r.RowRange(m.tensor, 0, 1);
-        if (one.ok()) m.row_bytes = one->second;
+        if (one.ok() && one->second < r.RawSize(m.tensor)) m.row_bytes = one->second;
       }
-      m.file_begin = m.info.data_offset + begin;
+      m.info = std::move(e.info);
       if (dst != nullptr) {
         if (dst_bytes < m.len) {
           return Error(StatusCode::kInvalidArgument, r.Where(m.tensor), ": needs ", m.len,

@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "util.hpp"
@@ -21,6 +23,23 @@ Status ErrnoStatus(int err, const std::string& path, const char* what) {
   if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == ENOMEM)
     code = StatusCode::kResourceExhausted;
   return Error(code, path, ": ", what, " failed ", ErrnoText(err));
+}
+
+// pread until `size` bytes are in or the file ends, retrying EINTR; `*done` counts the bytes
+// read. Returns 0, or the errno of a failed read.
+int PReadLoop(int fd, void* dst, uint64_t size, uint64_t offset, uint64_t* done) {
+  auto* p = static_cast<uint8_t*>(dst);
+  *done = 0;
+  while (*done < size) {
+    ssize_t r = ::pread(fd, p + *done, size - *done, static_cast<off_t>(offset + *done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) break;
+    *done += static_cast<uint64_t>(r);
+  }
+  return 0;
 }
 }  // namespace
 
@@ -88,19 +107,13 @@ Status File::WriteAll(const void* data, size_t size) {
 }
 
 Status File::PReadAll(void* dst, size_t size, uint64_t offset) const {
-  char* p = static_cast<char*>(dst);
-  while (size > 0) {
-    ssize_t r = ::pread(fd_, p, size, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, path_, StrCat("read at offset ", offset).c_str());
-    }
-    if (r == 0) {
-      return Error(StatusCode::kDataLoss, path_, ": unexpected end of file at offset ", offset);
-    }
-    p += r;
-    size -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
+  uint64_t done = 0;
+  if (int err = PReadLoop(fd_, dst, size, offset, &done); err != 0) {
+    return ErrnoStatus(err, path_, StrCat("read at offset ", offset + done).c_str());
+  }
+  if (done < size) {
+    return Error(StatusCode::kDataLoss, path_, ": unexpected end of file at offset ",
+                 offset + done);
   }
   return Status::Ok();
 }
@@ -125,6 +138,64 @@ Status File::Close() {
   return Status::Ok();
 }
 
+DirectFile DirectFile::Open(const std::string& path) {
+  DirectFile out;
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd >= 0) out.file_ = File(fd, path);
+  return out;
+}
+
+Status DirectFile::ReadAligned(uint8_t* dst, uint64_t offset, uint64_t len, uint64_t need) const {
+  uint64_t done = 0;
+  if (int err = PReadLoop(file_.fd(), dst, len, offset, &done); err != 0) {
+    return Error(StatusCode::kIoError, path(), ": direct read at offset ", offset + done,
+                 " failed ", ErrnoText(err));
+  }
+  if (done < need) {
+    return Error(StatusCode::kDataLoss, path(), ": direct read at offset ", offset, " got ", done,
+                 " of ", need, " bytes (file truncated?)");
+  }
+  return Status::Ok();
+}
+
+Result<const uint8_t*> DirectFile::ReadThrough(uint64_t offset, uint64_t size) const {
+  struct Buffer {
+    uint8_t* p = nullptr;
+    uint64_t n = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buf;
+  const uint64_t begin = offset / kDirectAlign * kDirectAlign;
+  const uint64_t end = AlignUp(offset + size, kDirectAlign);
+  if (buf.n < end - begin) {
+    std::free(buf.p);
+    buf.n = end - begin;
+    buf.p = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, buf.n));
+    if (buf.p == nullptr) {
+      buf.n = 0;
+      return Error(StatusCode::kResourceExhausted, path(), ": direct read buffer of ", end - begin,
+                   " bytes");
+    }
+  }
+  FERRY_RETURN_IF_ERROR(ReadAligned(buf.p, begin, end - begin, offset + size - begin));
+  return buf.p + (offset - begin);
+}
+
+uint64_t AvailableMemory() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %lu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
 Result<std::shared_ptr<Mapping>> Mapping::Map(const std::string& path) {
   FERRY_ASSIGN_OR_RETURN(File file, File::OpenRead(path));
   FERRY_ASSIGN_OR_RETURN(uint64_t size, file.Size());
@@ -142,6 +213,28 @@ Result<std::shared_ptr<Mapping>> Mapping::Map(const std::string& path) {
 
 Mapping::~Mapping() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+double Mapping::ResidentFraction(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
+  uint64_t total = 0;
+  for (const auto& r : ranges) total += r.second;
+  if (total == 0 || size_ == 0) return 1.0;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t samples = std::min<uint64_t>(2048, total / page + 1);
+  const uint64_t stride = std::max<uint64_t>(total / samples, 1);
+  uint64_t seen = 0, resident = 0, acc = 0;
+  for (const auto& [offset, len] : ranges) {
+    for (uint64_t off = acc % stride == 0 ? 0 : stride - acc % stride; off < len; off += stride) {
+      uint64_t at = (offset + off) / page * page;
+      unsigned char vec = 0;
+      if (::mincore(const_cast<uint8_t*>(data_) + at, page, &vec) == 0) {
+        ++seen;
+        resident += vec & 1;
+      }
+    }
+    acc += len;
+  }
+  return seen == 0 ? 1.0 : static_cast<double>(resident) / seen;
 }
 
 Result<std::shared_ptr<PrivateRegion>> PrivateRegion::Map(const Mapping& file, uint64_t offset,

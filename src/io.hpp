@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ferry/ferry.hpp"
 
@@ -43,6 +45,33 @@ class File {
   std::string path_;
 };
 
+// Page size and O_DIRECT alignment of offsets, lengths and buffers.
+inline constexpr uint64_t kDirectAlign = 4096;
+
+// A file opened with O_DIRECT, for reads that bypass the page cache. Immutable after Open:
+// reads may run from any number of threads at once.
+class DirectFile {
+ public:
+  DirectFile() = default;
+  // Not open (and no error) where the file system refuses O_DIRECT (tmpfs): callers read
+  // through the page cache instead.
+  static DirectFile Open(const std::string& path);
+
+  bool is_open() const { return file_.is_open(); }
+  const std::string& path() const { return file_.path(); }
+
+  // Reads file bytes [offset, offset + len) into dst; offset, len and dst are multiples of
+  // kDirectAlign. A read that reaches the end of the file may stop short, but must cover
+  // `need` bytes (DataLoss otherwise: the file was truncated).
+  Status ReadAligned(uint8_t* dst, uint64_t offset, uint64_t len, uint64_t need) const;
+  // Reads file bytes [offset, offset + size), at any alignment, through this thread's aligned
+  // buffer; the pointer stays valid until this thread's next ReadThrough.
+  Result<const uint8_t*> ReadThrough(uint64_t offset, uint64_t size) const;
+
+ private:
+  File file_;
+};
+
 // One active guarded read on this thread (see Mapping::Guard). Frames nest through `prev`.
 struct BusGuardFrame {
   BusGuardFrame(const uint8_t* begin, uint64_t size);
@@ -69,6 +98,10 @@ class Mapping {
   const std::string& path() const { return path_; }
   int fd() const { return file_.fd(); }
 
+  // Fraction of the sampled pages of the file ranges {offset, length} that are resident in
+  // the page cache (mincore; at most 2048 samples spread evenly over the ranges' bytes).
+  double ResidentFraction(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const;
+
   // Runs fn(), which reads this mapping, and returns false if the read faulted because the
   // file shrank after it was mapped (truncated, or rewritten in place). Such a read raises
   // SIGBUS; a process-wide handler, installed on first use and chained to whatever handler
@@ -93,6 +126,10 @@ class Mapping {
   uint64_t size_ = 0;
   std::string path_;
 };
+
+// Memory the kernel could give the page cache now (MemAvailable of /proc/meminfo), or 0 when
+// unknown.
+uint64_t AvailableMemory();
 
 // Bytes [offset, offset + size) of a mapped file, mapped again privately and copy-on-write:
 // readable and writable, but a write copies the page into this process and never reaches the

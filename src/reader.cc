@@ -1,6 +1,4 @@
 // Host reader: trailer, footer verification, semantic validation, lookups and host reads.
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -8,10 +6,11 @@
 #include <thread>
 #include <vector>
 
+#include "block_source.hpp"
 #include "codec.hpp"
-#include "format.hpp"
 #include "planes.hpp"
-#include "reader_impl.hpp"
+#include "footer.hpp"
+#include "format.hpp"
 #include "safetensors.hpp"
 #include "util.hpp"
 
@@ -23,10 +22,6 @@ uint64_t LoadU64(const uint8_t* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
   return v;  // the format is little-endian, as is every platform this builds for
-}
-
-std::string_view Sv(const flatbuffers::String* s) {
-  return s == nullptr ? std::string_view() : std::string_view(s->data(), s->size());
 }
 
 // The FlatBuffers verifier aligns a vector's length field to 4 bytes only; a non-empty vector
@@ -321,26 +316,6 @@ Status CheckScaling(const Validator& v, const fb::Checkpoint* ck) {
   return Status::Ok();
 }
 
-// Binary search over a name-sorted vector of tables with a string key.
-template <typename T, typename KeyFn>
-int64_t FindSorted(const flatbuffers::Vector<flatbuffers::Offset<T>>* v, std::string_view key,
-                   KeyFn key_of) {
-  if (v == nullptr) return -1;
-  size_t lo = 0, hi = v->size();
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    std::string_view k = Sv(key_of(v->Get(static_cast<flatbuffers::uoffset_t>(mid))));
-    if (k < key) {
-      lo = mid + 1;
-    } else if (key < k) {
-      hi = mid;
-    } else {
-      return static_cast<int64_t>(mid);
-    }
-  }
-  return -1;
-}
-
 Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
   auto* qs = ck->quantized();
   std::string_view prev;
@@ -588,249 +563,36 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
   return ck;
 }
 
-// ---- Reader::Impl ---------------------------------------------------------------------
-
-size_t Reader::Impl::size() const { return Count(checkpoint->tensors()); }
-
-int64_t Reader::Impl::IndexOf(std::string_view name) const {
-  return FindSorted(checkpoint->tensors(), name, [](const fb::Tensor* t) { return t->name(); });
-}
-
-Result<size_t> Reader::Impl::Lookup(std::string_view name) const {
-  int64_t i = IndexOf(name);
-  if (i < 0) return Error(StatusCode::kNotFound, path, ": no tensor named ", Quote(name));
-  return static_cast<size_t>(i);
-}
-
-std::string Reader::Impl::Where(size_t i) const {
-  return StrCat(path, ": tensor ", Quote(Sv(at(i)->name())));
-}
-
-Status Reader::Impl::Shrank(size_t i, uint64_t file_offset) const {
-  struct stat st;
-  std::string now = ::fstat(mapping->fd(), &st) == 0 ? StrCat(st.st_size, " bytes") : "unknown";
-  return Error(StatusCode::kDataLoss, Where(i), ": the file shrank after it was opened (",
-               mapping->size(), " bytes then, ", now,
-               " now: truncated or rewritten in place?); the read at file offset ", file_offset,
-               " faulted");
-}
-
-TensorInfo Reader::Impl::Info(size_t i) const {
-  const fb::Tensor* t = at(i);
-  TensorInfo info;
-  info.name = std::string(Sv(t->name()));
-  info.dtype = static_cast<DType>(t->dtype());
-  if (t->shape()) info.shape.assign(t->shape()->begin(), t->shape()->end());
-  info.nbytes = t->nbytes();
-  info.data_offset = t->data_offset();
-  info.data_size = t->data_size();
-  info.encoding = static_cast<Encoding>(t->encoding());
-  info.block_size = t->block_size();
-  info.index = i;
-  if (t->global_shape()) {
-    info.global_shape.assign(t->global_shape()->begin(), t->global_shape()->end());
-    info.shard_offset.assign(t->shard_offset()->begin(), t->shard_offset()->end());
-  }
-  return info;
-}
-
-uint64_t Reader::Impl::NumBlocks(size_t i) const {
-  const fb::Tensor* t = at(i);
-  return t->checksums() ? t->checksums()->size() : 0;
-}
-
-uint64_t Reader::Impl::BlockRawSize(size_t i, uint64_t b) const {
-  const fb::Tensor* t = at(i);
-  uint64_t begin = b * t->block_size();
-  return std::min(t->block_size(), t->nbytes() - begin);
-}
-
-Status Reader::Impl::VerifyBlock(size_t i, uint64_t b, const uint8_t* raw) const {
-  if (!has_checksums) return Status::Ok();
-  const fb::Tensor* t = at(i);
-  uint64_t len = BlockRawSize(i, b);
-  uint64_t expect = t->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
-  uint64_t file_offset = t->data_offset();
-  if (t->encoding() == fb::Encoding::RAW) {
-    file_offset += b * t->block_size();
-  } else {
-    file_offset += t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b))->offset();
-  }
-  uint64_t sum = 0;
-  if (!mapping->Guard([&] { sum = Checksum64(raw, len); })) return Shrank(i, file_offset);
-  if (sum != expect) {
-    return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b,
-                 " (raw bytes [", b * t->block_size(), ", ", b * t->block_size() + len,
-                 "), stored at file offset ", file_offset, ")");
-  }
-  return Status::Ok();
-}
-
-Status Reader::Impl::VerifyRawRange(size_t i, uint64_t begin, uint64_t len,
-                                    const uint8_t* copy) const {
-  if (len == 0) return Status::Ok();  // empty tensors have no blocks (block_size 0)
-  const fb::Tensor* t = at(i);
-  const uint64_t bs = t->block_size(), end = begin + len;
-  for (uint64_t b = begin / bs; b * bs < end; ++b) {
-    uint64_t bb = b * bs, be = bb + BlockRawSize(i, b);
-    const uint8_t* raw = copy != nullptr && bb >= begin && be <= end
-                             ? copy + (bb - begin)
-                             : base() + t->data_offset() + bb;
-    FERRY_RETURN_IF_ERROR(VerifyBlock(i, b, raw));
-  }
-  return Status::Ok();
-}
-
-Status Reader::Impl::DecodeBlock(size_t i, uint64_t b, uint8_t* dst, uint8_t* scratch,
-                                 bool verify) const {
-  const fb::Tensor* t = at(i);
-  if (t->encoding() == fb::Encoding::RAW) {
-    const uint64_t offset = t->data_offset() + b * t->block_size();
-    if (!mapping->Guard([&] { std::memcpy(dst, base() + offset, BlockRawSize(i, b)); })) {
-      return Shrank(i, offset);
-    }
-    if (verify) return VerifyBlock(i, b, dst);
-    return Status::Ok();
-  }
-  const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
-  return DecodeStored(i, b, base() + t->data_offset() + ch->offset(), dst, scratch, verify);
-}
-
-Status Reader::Impl::DecodeStored(size_t i, uint64_t b, const uint8_t* src, uint8_t* dst,
-                                  uint8_t* scratch, bool verify) const {
-  const fb::Tensor* t = at(i);
-  uint64_t raw = BlockRawSize(i, b);
-  const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
-  bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD;
-  size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
-  uint8_t* out = shuffled && width > 1 ? scratch : dst;
-  // `src` is in the mapping, or in a buffer the loader read into (the guard is then idle).
-  if (ch->codec() == fb::ChunkCodec::STORED) {
-    if (!mapping->Guard([&] { std::memcpy(out, src, raw); })) {
-      return Shrank(i, t->data_offset() + ch->offset());
-    }
-  } else if (ch->codec() == fb::ChunkCodec::PLANES) {
-    Status st;
-    if (!mapping->Guard([&] { st = planes::Decode(src, ch->stored_size(), dst, raw, scratch); })) {
-      return Shrank(i, t->data_offset() + ch->offset());
-    }
-    if (!st.ok()) {
-      return Error(StatusCode::kDataLoss, Where(i), ": block ", b, " at file offset ",
-                   t->data_offset() + ch->offset(), ": ", st.message());
-    }
-  } else {
-    Status st;
-    if (!mapping->Guard([&] { st = ZstdDecompressExact(src, ch->stored_size(), out, raw); })) {
-      return Shrank(i, t->data_offset() + ch->offset());
-    }
-    if (!st.ok()) {
-      return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
-                   t->data_offset() + ch->offset(), ": ", st.message());
-    }
-  }
-  if (out != dst) Unshuffle(out, dst, raw, width);
-  if (verify) return VerifyBlock(i, b, dst);
-  return Status::Ok();
-}
-
-Status Reader::Impl::ReadRange(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, bool verify,
-                               bool streaming) const {
-  const fb::Tensor* t = at(i);
-  uint64_t end;
-  if (AddOverflows(begin, len, &end) || end > t->nbytes()) {
-    return Error(StatusCode::kInvalidArgument, Where(i), ": byte range [", begin, ", ", begin + len,
-                 ") outside its ", t->nbytes(), " bytes");
-  }
-  if (len == 0) return Status::Ok();
-  uint64_t bs = t->block_size();
-  if (t->encoding() == fb::Encoding::RAW) {
-    const uint8_t* src = base() + t->data_offset() + begin;
-    bool read = mapping->Guard([&] {
-      if (streaming) {
-        StreamingCopy(dst, src, len);
-      } else {
-        std::memcpy(dst, src, len);
-      }
-    });
-    if (!read) return Shrank(i, t->data_offset() + begin);
-    // Checked after the copy, in `dst`: the bytes handed out are the bytes verified, even if
-    // the file is rewritten under the mapping meanwhile. Not after streaming stores: those
-    // bypassed the cache, and reading them back is slow.
-    if (verify) return VerifyRawRange(i, begin, len, streaming ? nullptr : dst);
-    return Status::Ok();
-  }
-  // Per-thread buffers: loader workers call this for every piece, and a fresh 4 MiB vector
-  // each time would cost page faults on every call.
-  thread_local std::vector<uint8_t> block, scratch;
-  for (uint64_t b = begin / bs; b * bs < end; ++b) {
-    uint64_t bbegin = b * bs;
-    uint64_t braw = BlockRawSize(i, b);
-    uint64_t lo = std::max(begin, bbegin), hi = std::min(end, bbegin + braw);
-    if ((t->encoding() == fb::Encoding::SHUFFLE_ZSTD || t->encoding() == fb::Encoding::PLANES) &&
-        scratch.size() < braw) {
-      scratch.resize(braw);
-    }
-    if (lo == bbegin && hi == bbegin + braw) {
-      FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, dst + (bbegin - begin), scratch.data(), verify));
-    } else {
-      if (block.size() < braw) block.resize(braw);
-      FERRY_RETURN_IF_ERROR(DecodeBlock(i, b, block.data(), scratch.data(), verify));
-      std::memcpy(dst + (lo - begin), block.data() + (lo - bbegin), hi - lo);
-    }
-  }
-  return Status::Ok();
-}
-
-Result<std::pair<uint64_t, uint64_t>> Reader::Impl::RowRange(size_t i, int64_t row_begin,
-                                                             int64_t row_end) const {
-  const fb::Tensor* t = at(i);
-  if (t->shape() == nullptr || t->shape()->size() == 0) {
-    return Error(StatusCode::kInvalidArgument, Where(i), ": a scalar has no rows");
-  }
-  int64_t rows = t->shape()->Get(0);
-  if (row_begin < 0 || row_end < row_begin || row_end > rows) {
-    return Error(StatusCode::kInvalidArgument, Where(i), ": rows [", row_begin, ", ", row_end,
-                 ") outside [0, ", rows, ")");
-  }
-  if (rows == 0) return std::make_pair(uint64_t{0}, uint64_t{0});
-  uint64_t row_elems = 1;
-  for (flatbuffers::uoffset_t d = 1; d < t->shape()->size(); ++d) {
-    row_elems *= static_cast<uint64_t>(t->shape()->Get(d));  // bounded: validated at open
-  }
-  auto dtype = static_cast<DType>(t->dtype());
-  if (DTypeStorageBits(dtype) == 4 && row_elems % 2 != 0) {
-    return Error(StatusCode::kInvalidArgument, Where(i),
-                 ": rows of an odd number of packed FP4 elements do not start on a byte");
-  }
-  uint64_t row_bytes = *StorageBytes(dtype, row_elems);
-  return std::make_pair(static_cast<uint64_t>(row_begin) * row_bytes,
-                        static_cast<uint64_t>(row_end - row_begin) * row_bytes);
-}
-
 // ---- Reader ---------------------------------------------------------------------------
 
-Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Reader::Reader(std::unique_ptr<BlockSource> blocks) : blocks_(std::move(blocks)) {}
 Reader::~Reader() = default;
 
-Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
-  auto impl = std::make_unique<Impl>();
-  impl->path = path;
-  FERRY_ASSIGN_OR_RETURN(impl->mapping, Mapping::Map(path));
-  const uint8_t* base = impl->mapping->data();
-  uint64_t size = impl->mapping->size();
-  if (LooksLikeSafetensors(base, size)) {
-    FERRY_ASSIGN_OR_RETURN(uint64_t index_size,
-                           ParseSafetensors(base, size, path, &impl->synthesized));
-    FooterRules rules;
-    rules.checksums = false;
-    rules.alignment = 1;
-    FERRY_ASSIGN_OR_RETURN(impl->checkpoint,
-                           ParseFooter(reinterpret_cast<const uint8_t*>(impl->synthesized.data()),
-                                       index_size, size, path, rules));
-    impl->safetensors = true;
-    impl->has_checksums = false;
-    return std::shared_ptr<Reader>(new Reader(std::move(impl)));
-  }
+const BlockSource& BlocksOf(const Reader& reader) { return *reader.blocks_; }
+
+namespace {
+
+// A safetensors file: an index synthesized from its JSON header, without checksums.
+Result<BlockSource::Index> SafetensorsHeaderIndex(const Mapping& m, const std::string& path) {
+  auto synthesized = std::make_shared<std::vector<uint64_t>>();
+  FERRY_ASSIGN_OR_RETURN(uint64_t index_size,
+                         ParseSafetensors(m.data(), m.size(), path, synthesized.get()));
+  FooterRules rules;
+  rules.checksums = false;
+  rules.alignment = 1;
+  BlockSource::Index index;
+  FERRY_ASSIGN_OR_RETURN(
+      index.root, ParseFooter(reinterpret_cast<const uint8_t*>(synthesized->data()), index_size,
+                              m.size(), path, rules));
+  index.memory = std::move(synthesized);
+  index.safetensors = true;
+  return index;
+}
+
+// Our own files: the footer located by the trailer, checked and parsed.
+Result<BlockSource::Index> FooterIndex(const Mapping& m, const std::string& path) {
+  const uint8_t* base = m.data();
+  const uint64_t size = m.size();
   // The trailer and the footer copy read the mapping: guarded, so a file
   // truncated while it is being opened is a DataLoss, not a SIGBUS.
   auto shrank = [&] {
@@ -838,9 +600,7 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
                  " bytes when mapped)");
   };
   std::optional<Result<FooterLocation>> located;
-  if (!impl->mapping->Guard([&] { located.emplace(ReadTrailer(base, size, path)); })) {
-    return shrank();
-  }
+  if (!m.Guard([&] { located.emplace(ReadTrailer(base, size, path)); })) return shrank();
   FERRY_ASSIGN_OR_RETURN(FooterLocation loc, std::move(*located));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {
@@ -850,44 +610,55 @@ Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOpti
   // The index is copied out of the mapping: a file truncated or rewritten after open must not
   // turn every later lookup into a SIGBUS. Data reads still go through the mapping (or O_DIRECT).
   // Not value-initialised: zero-filling a large index first would double the cost of the copy.
-  impl->footer_copy.reset(new uint64_t[(loc.size + 7) / 8]);
-  uint64_t* copy = impl->footer_copy.get();
-  if (!impl->mapping->Guard([&] { std::memcpy(copy, base + loc.offset, loc.size); })) {
-    return shrank();
-  }
+  std::shared_ptr<uint64_t[]> footer(new uint64_t[(loc.size + 7) / 8]);
+  uint64_t* copy = footer.get();
+  if (!m.Guard([&] { std::memcpy(copy, base + loc.offset, loc.size); })) return shrank();
   // Checked on the copy: one pass over the mapping, and the bytes verified are the bytes
   // parsed even if the file changes meanwhile.
   FERRY_RETURN_IF_ERROR(CheckFooterSum(reinterpret_cast<const uint8_t*>(copy), loc, path));
-  FERRY_ASSIGN_OR_RETURN(impl->checkpoint,
-                         ParseFooter(reinterpret_cast<const uint8_t*>(impl->footer_copy.get()),
-                                     loc.size, loc.offset, path));
-  std::shared_ptr<Reader> reader(new Reader(std::move(impl)));
-  if (options.verify_on_open) FERRY_RETURN_IF_ERROR(reader->VerifyAll());
+  BlockSource::Index index;
+  FERRY_ASSIGN_OR_RETURN(
+      index.root, ParseFooter(reinterpret_cast<const uint8_t*>(copy), loc.size, loc.offset, path));
+  index.memory = std::move(footer);
+  return index;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Mapping::Map(path));
+  const bool safetensors = LooksLikeSafetensors(mapping->data(), mapping->size());
+  FERRY_ASSIGN_OR_RETURN(BlockSource::Index index, safetensors
+                                                       ? SafetensorsHeaderIndex(*mapping, path)
+                                                       : FooterIndex(*mapping, path));
+  std::shared_ptr<Reader> reader(
+      new Reader(std::make_unique<BlockSource>(path, std::move(mapping), std::move(index))));
+  if (options.verify_on_open && !safetensors) FERRY_RETURN_IF_ERROR(reader->VerifyAll());
   return reader;
 }
 
-const std::string& Reader::path() const { return impl_->path; }
-uint64_t Reader::file_size() const { return impl_->mapping->size(); }
-uint32_t Reader::format_version() const { return impl_->checkpoint->format_version(); }
-std::string Reader::producer() const { return std::string(Sv(impl_->checkpoint->producer())); }
-size_t Reader::num_tensors() const { return impl_->size(); }
-TensorInfo Reader::tensor(size_t i) const { return impl_->Info(i); }
+const std::string& Reader::path() const { return blocks_->path(); }
+uint64_t Reader::file_size() const { return blocks_->mapping()->size(); }
+uint32_t Reader::format_version() const { return blocks_->index()->format_version(); }
+std::string Reader::producer() const { return std::string(Sv(blocks_->index()->producer())); }
+size_t Reader::num_tensors() const { return blocks_->size(); }
+TensorInfo Reader::tensor(size_t i) const { return blocks_->Info(i); }
 
 Result<TensorInfo> Reader::Find(std::string_view name) const {
-  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
-  return impl_->Info(i);
+  FERRY_ASSIGN_OR_RETURN(size_t i, blocks_->Lookup(name));
+  return blocks_->Info(i);
 }
 
 std::vector<std::string> Reader::names() const {
   std::vector<std::string> out;
-  out.reserve(impl_->size());
-  for (size_t i = 0; i < impl_->size(); ++i) out.emplace_back(Sv(impl_->at(i)->name()));
+  out.reserve(blocks_->size());
+  for (size_t i = 0; i < blocks_->size(); ++i) out.emplace_back(Sv(blocks_->at(i)->name()));
   return out;
 }
 
 std::vector<std::pair<std::string, std::string>> Reader::metadata() const {
   std::vector<std::pair<std::string, std::string>> out;
-  auto* md = impl_->checkpoint->metadata();
+  auto* md = blocks_->index()->metadata();
   for (size_t i = 0; i < Count(md); ++i) {
     auto* kv = md->Get(static_cast<flatbuffers::uoffset_t>(i));
     out.emplace_back(Sv(kv->key()), Sv(kv->value()));
@@ -896,7 +667,7 @@ std::vector<std::pair<std::string, std::string>> Reader::metadata() const {
 }
 
 std::optional<std::string> Reader::metadata(std::string_view key) const {
-  auto* md = impl_->checkpoint->metadata();
+  auto* md = blocks_->index()->metadata();
   int64_t i = FindSorted(md, key, [](const fb::KeyValue* kv) { return kv->key(); });
   if (i < 0) return std::nullopt;
   return std::string(Sv(md->Get(static_cast<flatbuffers::uoffset_t>(i))->value()));
@@ -962,7 +733,7 @@ Recipe ToRecipe(const fb::ScalingState* s) {
 
 std::vector<QuantizedTensor> Reader::quantized() const {
   std::vector<QuantizedTensor> out;
-  auto* qs = impl_->checkpoint->quantized();
+  auto* qs = blocks_->index()->quantized();
   for (size_t i = 0; i < Count(qs); ++i) {
     auto* q = qs->Get(static_cast<flatbuffers::uoffset_t>(i));
     QuantizedTensor t;
@@ -980,7 +751,7 @@ std::vector<QuantizedTensor> Reader::quantized() const {
 
 std::vector<ScalingState> Reader::scaling_states() const {
   std::vector<ScalingState> out;
-  auto* ss = impl_->checkpoint->scaling();
+  auto* ss = blocks_->index()->scaling();
   for (size_t i = 0; i < Count(ss); ++i) {
     auto* s = ss->Get(static_cast<flatbuffers::uoffset_t>(i));
     ScalingState state;
@@ -1005,62 +776,58 @@ std::vector<ScalingState> Reader::scaling_states() const {
 }
 
 Result<HostView> Reader::View(std::string_view name, ReadOptions options) const {
-  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
-  const fb::Tensor* t = impl_->at(i);
-  if (t->encoding() != fb::Encoding::RAW) {
-    return Error(StatusCode::kUnimplemented, impl_->Where(i), ": is stored ",
-                 EncodingName(static_cast<Encoding>(t->encoding())),
+  FERRY_ASSIGN_OR_RETURN(size_t i, blocks_->Lookup(name));
+  TensorInfo info = blocks_->Info(i);
+  if (info.encoding != Encoding::kRaw) {
+    return Error(StatusCode::kUnimplemented, blocks_->Where(i), ": is stored ",
+                 EncodingName(info.encoding),
                  "; a zero-copy view needs raw encoding (use ReadInto)");
   }
-  if (options.verify) FERRY_RETURN_IF_ERROR(impl_->VerifyRawRange(i, 0, t->nbytes(), nullptr));
+  if (options.verify) FERRY_RETURN_IF_ERROR(blocks_->VerifyRange(i, 0, info.nbytes, nullptr));
   HostView view;
-  view.data = t->nbytes() ? impl_->base() + t->data_offset() : nullptr;
-  view.nbytes = t->nbytes();
-  view.info = impl_->Info(i);
-  view.keepalive = impl_->mapping;
+  view.data = info.nbytes ? blocks_->mapping()->data() + info.data_offset : nullptr;
+  view.nbytes = info.nbytes;
+  view.info = std::move(info);
+  view.keepalive = blocks_->mapping();
   return view;
 }
 
-Status Reader::ReadInto(std::string_view name, void* dst, uint64_t dst_size,
-                        ReadOptions options) const {
-  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
-  uint64_t nbytes = impl_->at(i)->nbytes();
-  if (dst_size < nbytes || (dst == nullptr && nbytes > 0)) {
-    return Error(StatusCode::kInvalidArgument, impl_->Where(i), ": needs ", nbytes,
+namespace {
+// Raw bytes [begin, begin + len) of tensor i into the caller's `dst` of `dst_size` bytes;
+// `needs` words the message of a destination too small.
+Status ReadChecked(const BlockSource& blocks, size_t i, uint64_t begin, uint64_t len, void* dst,
+                   uint64_t dst_size, bool verify, const char* needs) {
+  if (dst_size < len || (dst == nullptr && len > 0)) {
+    return Error(StatusCode::kInvalidArgument, blocks.Where(i), ": ", needs, " ", len,
                  " bytes, destination holds ", dst_size);
   }
-  return impl_->ReadRange(i, 0, nbytes, static_cast<uint8_t*>(dst), options.verify);
+  ReadPath how;
+  how.verify = verify;
+  return blocks.Read(i, begin, len, static_cast<uint8_t*>(dst), how);
+}
+}  // namespace
+
+Status Reader::ReadInto(std::string_view name, void* dst, uint64_t dst_size,
+                        ReadOptions options) const {
+  FERRY_ASSIGN_OR_RETURN(size_t i, blocks_->Lookup(name));
+  return ReadChecked(*blocks_, i, 0, blocks_->RawSize(i), dst, dst_size, options.verify, "needs");
 }
 
 Status Reader::ReadRowsInto(std::string_view name, int64_t row_begin, int64_t row_end, void* dst,
                             uint64_t dst_size, ReadOptions options) const {
-  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
-  FERRY_ASSIGN_OR_RETURN(auto range, impl_->RowRange(i, row_begin, row_end));
-  if (dst_size < range.second || (dst == nullptr && range.second > 0)) {
-    return Error(StatusCode::kInvalidArgument, impl_->Where(i), ": rows need ", range.second,
-                 " bytes, destination holds ", dst_size);
-  }
-  return impl_->ReadRange(i, range.first, range.second, static_cast<uint8_t*>(dst), options.verify);
+  FERRY_ASSIGN_OR_RETURN(size_t i, blocks_->Lookup(name));
+  FERRY_ASSIGN_OR_RETURN(auto range, blocks_->RowRange(i, row_begin, row_end));
+  return ReadChecked(*blocks_, i, range.first, range.second, dst, dst_size, options.verify,
+                     "rows need");
 }
 
 Status Reader::Verify(std::string_view name) const {
-  FERRY_ASSIGN_OR_RETURN(size_t i, impl_->Lookup(name));
-  const fb::Tensor* t = impl_->at(i);
-  if (t->encoding() == fb::Encoding::RAW) return impl_->VerifyRawRange(i, 0, t->nbytes(), nullptr);
-  std::vector<uint8_t> block, scratch;
-  for (uint64_t b = 0; b < impl_->NumBlocks(i); ++b) {
-    uint64_t raw = impl_->BlockRawSize(i, b);
-    block.resize(raw);
-    scratch.resize(raw);
-    FERRY_RETURN_IF_ERROR(impl_->DecodeBlock(i, b, block.data(), scratch.data(), true));
-  }
-  return Status::Ok();
+  FERRY_ASSIGN_OR_RETURN(size_t i, blocks_->Lookup(name));
+  return blocks_->VerifyTensor(i);
 }
 
 Status Reader::VerifyAll() const {
-  for (size_t i = 0; i < impl_->size(); ++i) {
-    FERRY_RETURN_IF_ERROR(Verify(Sv(impl_->at(i)->name())));
-  }
+  for (size_t i = 0; i < blocks_->size(); ++i) FERRY_RETURN_IF_ERROR(blocks_->VerifyTensor(i));
   return Status::Ok();
 }
 

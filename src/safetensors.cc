@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "checkpoint_index.hpp"
 #include "ferry_generated.h"
 #include "format.hpp"
 #include "strict_json.hpp"
@@ -490,58 +491,14 @@ uint64_t SafetensorsWriter::header_bytes() const { return state_ ? state_->heade
 // ---- sharded index -------------------------------------------------------------------------
 
 Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
-  FERRY_ASSIGN_OR_RETURN(File file, File::OpenRead(path));
-  FERRY_ASSIGN_OR_RETURN(uint64_t size, file.Size());
-  if (size > kMaxSafetensorsHeaderBytes) {
-    return Error(StatusCode::kDataLoss, path, ": index of ", size, " bytes exceeds the limit of ",
-                 kMaxSafetensorsHeaderBytes);
-  }
-  std::string text(size, '\0');
-  FERRY_RETURN_IF_ERROR(file.PReadAll(text.data(), size, 0));
-  Json doc;
-  try {
-    doc = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    return Error(StatusCode::kDataLoss, path, ": invalid JSON at offset ",
-                 e.byte > 0 ? e.byte - 1 : 0, ": ", e.what());
-  }
-  if (!doc.is_object()) return Error(StatusCode::kDataLoss, path, ": not a JSON object");
-  auto wm = doc.find("weight_map");
-  if (wm == doc.end() || !wm->is_object()) {
-    return Error(StatusCode::kDataLoss, path, ": no \"weight_map\" object");
-  }
+  FERRY_ASSIGN_OR_RETURN(CheckpointIndex parsed, ReadCheckpointIndex(path));
   SafetensorsIndex index;
   index.path = path;
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  std::map<std::string, size_t> shard_pos;
-  std::vector<std::pair<std::string, std::string>> raw;
-  for (const auto& [name, shard] : wm->items()) {
-    if (!shard.is_string()) {
-      return Error(StatusCode::kDataLoss, path, ": weight_map entry of tensor ", Quote(name),
-                   " is not a string");
-    }
-    const std::string& s = shard.get_ref<const std::string&>();
-    std::filesystem::path rel(s);
-    bool escapes = s.empty() || rel.is_absolute();
-    for (const auto& part : rel) escapes = escapes || part == "..";
-    if (escapes) {
-      return Error(StatusCode::kDataLoss, path, ": tensor ", Quote(name), " maps to shard ",
-                   Quote(s), ", which is not a file name inside the index's directory");
-    }
-    shard_pos.emplace(s, 0);
-    raw.emplace_back(name, s);
-  }
-  for (auto& [name, pos] : shard_pos) {
-    pos = index.shards.size();
-    index.shards.push_back((dir / name).string());
-  }
-  for (auto& [name, shard] : raw) index.weight_map.emplace_back(name, shard_pos[shard]);
-  auto md = doc.find("metadata");
-  if (md != doc.end() && md->is_object()) {
-    for (const auto& [k, v] : md->items()) {
-      index.metadata.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
-    }
-  }
+  for (size_t s = 0; s < parsed.shard_files.size(); ++s)
+    index.shards.push_back(parsed.ShardPath(s));
+  index.weight_map.reserve(parsed.weight_map.size());
+  for (auto& [name, s] : parsed.weight_map) index.weight_map.emplace_back(std::move(name), s);
+  index.metadata = std::move(parsed.metadata);
   return index;
 }
 

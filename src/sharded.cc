@@ -8,59 +8,18 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "block_source.hpp"
+#include "checkpoint_index.hpp"
 #include "io.hpp"
-#include "reader_impl.hpp"
-#include "strict_json.hpp"
 #include "util.hpp"
 
 namespace ferry {
 
 namespace {
 
-using Json = nlohmann::json;
-
-// An index lists names and file names only; even 1M tensors stay far below this.
-constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
-
-// A shard's name must stay inside the index's directory: a hostile index must not make the
-// process open /etc/shadow or ../../other_job/ckpt.
-bool PlainRelativePath(std::string_view name) {
-  if (name.empty() || name.front() == '/' || name.find('\0') != std::string_view::npos) {
-    return false;
-  }
-  size_t start = 0;
-  while (start <= name.size()) {
-    size_t end = name.find('/', start);
-    if (end == std::string_view::npos) end = name.size();
-    std::string_view part = name.substr(start, end - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    start = end + 1;
-  }
-  return true;
-}
-
-std::string DirOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 std::string BaseName(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-Result<std::string> ReadSmallFile(const std::string& path) {
-  FERRY_ASSIGN_OR_RETURN(File file, File::OpenRead(path));
-  FERRY_ASSIGN_OR_RETURN(uint64_t size, file.Size());
-  if (size > kMaxIndexBytes) {
-    return Error(StatusCode::kDataLoss, path, ": checkpoint index of ", size,
-                 " bytes exceeds the limit of ", kMaxIndexBytes);
-  }
-  std::string text(size, '\0');
-  FERRY_RETURN_IF_ERROR(file.PReadAll(text.data(), size, 0));
-  return text;
 }
 
 }  // namespace
@@ -81,6 +40,27 @@ class ShardedCheckpoint::Impl {
   Status Fail(const std::string& what) const {
     return Error(StatusCode::kDataLoss, path, ": bad checkpoint index: ", what);
   }
+
+  // Some tensor of some shard is unlisted, or listed under another file: names it.
+  Status NameUnlisted() const {
+    for (uint32_t s = 0; s < shards.size(); ++s) {
+      const Reader& r = *shards[s];
+      for (size_t i = 0; i < r.num_tensors(); ++i) {
+        std::string name = r.tensor(i).name;
+        auto it = std::lower_bound(entries.begin(), entries.end(), name,
+                                   [](const Entry& e, const std::string& n) { return e.name < n; });
+        if (it == entries.end() || it->name != name) {
+          return Fail(StrCat("tensor ", Quote(name), " of ", Quote(shard_names[s]),
+                             " is not in the weight_map"));
+        }
+        if (it->shard != s) {
+          return Fail(StrCat("tensor ", Quote(name), " is in both ", Quote(shard_names[s]), " and ",
+                             Quote(shard_names[it->shard])));
+        }
+      }
+    }
+    return Status::Ok();
+  }
 };
 
 ShardedCheckpoint::ShardedCheckpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -90,79 +70,25 @@ Result<std::shared_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::st
                                                                    ReaderOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->path = index_path;
-  FERRY_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path));
-  Json index;
-  StrictJsonOptions json;
-  // root > metadata > a structured metadata value may nest a little; nothing needs more.
-  json.max_depth = 8;
-  json.too_deep = "nests deeper than a checkpoint index can";
-  if (auto error = ParseStrictJson(text.data(), text.data() + text.size(), json, &index)) {
-    return impl->Fail(*error);
-  }
-  if (!index.is_object()) return impl->Fail("not a JSON object");
-  auto wm = index.find("weight_map");
-  if (wm == index.end() || !wm->is_object()) {
-    return impl->Fail("no \"weight_map\" object (tensor name -> file name)");
-  }
-  if (auto md = index.find("metadata"); md != index.end()) {
-    if (!md->is_object()) return impl->Fail("\"metadata\" is not an object");
-    for (const auto& [key, value] : md->items()) {
-      impl->metadata.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
-    }
-  }
-
-  // Shard numbers follow the byte order of the file names, so every process agrees on them.
-  std::map<std::string, uint32_t> files;
-  for (const auto& [name, file] : wm->items()) {
-    if (!file.is_string())
-      return impl->Fail(StrCat("tensor ", Quote(name), ": file is not a string"));
-    const std::string& f = file.get_ref<const std::string&>();
-    if (!PlainRelativePath(f)) {
-      return impl->Fail(StrCat("tensor ", Quote(name), ": file ", Quote(f),
-                               " is not a relative path inside the index's directory"));
-    }
-    files.emplace(f, 0);
-  }
-  const std::string dir = DirOf(index_path);
-  for (auto& [f, number] : files) {
-    number = static_cast<uint32_t>(impl->shards.size());
-    FERRY_ASSIGN_OR_RETURN(auto reader, Reader::Open(dir + "/" + f, options));
+  FERRY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(index_path));
+  impl->metadata = std::move(index.metadata);
+  for (size_t s = 0; s < index.shard_files.size(); ++s) {
+    FERRY_ASSIGN_OR_RETURN(auto reader, Reader::Open(index.ShardPath(s), options));
     impl->shards.push_back(std::move(reader));
-    impl->shard_names.push_back(f);
+    impl->shard_names.push_back(index.shard_files[s]);
   }
-
   size_t in_shards = 0;
   for (const auto& r : impl->shards) in_shards += r->num_tensors();
-  impl->entries.reserve(wm->size());
-  // Json objects iterate in key (byte) order: entries come out sorted.
-  for (const auto& [name, file] : wm->items()) {
-    uint32_t s = files.at(file.get_ref<const std::string&>());
-    int64_t i = impl->shards[s]->impl().IndexOf(name);
+  impl->entries.reserve(index.weight_map.size());
+  for (auto& [name, s] : index.weight_map) {
+    int64_t i = BlocksOf(*impl->shards[s]).IndexOf(name);
     if (i < 0) {
       return impl->Fail(StrCat("maps tensor ", Quote(name), " to ", Quote(impl->shard_names[s]),
                                ", which has no such tensor"));
     }
-    impl->entries.push_back(Impl::Entry{name, s, static_cast<size_t>(i)});
+    impl->entries.push_back(Impl::Entry{std::move(name), s, static_cast<size_t>(i)});
   }
-  if (in_shards != impl->entries.size()) {
-    // Some tensor of some shard is unlisted, or listed under another file: name it.
-    for (uint32_t s = 0; s < impl->shards.size(); ++s) {
-      const Reader& r = *impl->shards[s];
-      for (size_t i = 0; i < r.num_tensors(); ++i) {
-        std::string name = r.tensor(i).name;
-        auto it = wm->find(name);
-        if (it == wm->end()) {
-          return impl->Fail(StrCat("tensor ", Quote(name), " of ", Quote(impl->shard_names[s]),
-                                   " is not in the weight_map"));
-        }
-        if (files.at(it->get_ref<const std::string&>()) != s) {
-          return impl->Fail(StrCat("tensor ", Quote(name), " is in both ",
-                                   Quote(impl->shard_names[s]), " and ",
-                                   Quote(it->get_ref<const std::string&>())));
-        }
-      }
-    }
-  }
+  if (in_shards != impl->entries.size()) FERRY_RETURN_IF_ERROR(impl->NameUnlisted());
   return std::shared_ptr<ShardedCheckpoint>(new ShardedCheckpoint(std::move(impl)));
 }
 

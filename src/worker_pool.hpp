@@ -2,11 +2,14 @@
 #ifndef FERRY_SRC_WORKER_POOL_HPP_
 #define FERRY_SRC_WORKER_POOL_HPP_
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "ferry/status.hpp"
 
 namespace ferry {
 
@@ -33,6 +36,27 @@ class WorkerPool {
   int running_ = 0;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+};
+
+// The first error of a pool job; later ones are dropped (they are usually consequences).
+// Any worker may Set; failed() is a cheap check between pieces of work.
+class FirstError {
+ public:
+  void Set(Status st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(st);
+    failed_.store(true);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  Status Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  Status status_;
+  std::atomic<bool> failed_{false};
 };
 
 }  // namespace ferry

@@ -427,7 +427,7 @@ static void test_loader_host(const char* path) {
   CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
   ferry_loader_options_init(&lopts);
   CHECK(lopts.struct_size == sizeof(lopts));
-  CHECK(lopts.staging_bytes > 0 && lopts.chunk_bytes > 0);
+  CHECK(lopts.staging_bytes > 0 && lopts.slot_bytes > 0);
   lopts.threads = 2;
   lopts.verify = 1;
   CHECK_OK(ferry_loader_create(&lopts, &l, &err));
@@ -636,6 +636,72 @@ static void test_errors(const char* path) {
   }
 }
 
+/* A sharded index over the test checkpoint; its tensors are found in shard 0. */
+static void test_sharded(const char* ckpt) {
+  char index[600];
+  ferry_error_t err = {0};
+  ferry_sharded_t* s = NULL;
+  ferry_reader_t* shard = NULL;
+  size_t where = 99;
+  FILE* f;
+  const char* slash = strrchr(ckpt, '/');
+  path_of(index, sizeof(index), "c_api_test.ferry.index.json");
+  f = fopen(index, "w");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fprintf(f,
+          "{\"weight_map\": {\"bf16\": \"%s\", \"fp4\": \"%s\", \"fp8\": \"%s\", "
+          "\"matrix\": \"%s\", \"scalar\": \"%s\"}}",
+          slash + 1, slash + 1, slash + 1, slash + 1, slash + 1);
+  fclose(f);
+  CHECK(ferry_sharded_open(index, NULL, &s, &err) == FERRY_OK);
+  if (s == NULL) {
+    fprintf(stderr, "  %s\n", err.message);
+    remove(index);
+    return;
+  }
+  CHECK(ferry_sharded_num_shards(s) == 1);
+  CHECK(ferry_sharded_find(s, "matrix", &where, &err) == FERRY_OK && where == 0);
+  CHECK(ferry_sharded_find(s, "nope", &where, &err) == FERRY_NOT_FOUND);
+  CHECK(contains(err.message, "'nope'"));
+  CHECK(ferry_sharded_shard(s, 1, &shard, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_sharded_shard(s, 0, &shard, &err) == FERRY_OK);
+  ferry_sharded_free(s); /* the shard's reader outlives the sharded handle */
+  CHECK(shard != NULL && ferry_reader_num_tensors(shard) == 5);
+  ferry_reader_free(shard);
+  f = fopen(index, "w");
+  if (f != NULL) {
+    fputs("{\"weight_map\": {\"matrix\": \"../escape.ferry\"}}", f);
+    fclose(f);
+  }
+  s = NULL;
+  CHECK(ferry_sharded_open(index, NULL, &s, &err) == FERRY_DATA_LOSS && s == NULL);
+  CHECK(contains(err.message, "not a relative path inside the index's directory"));
+  remove(index);
+}
+
+/* The split plan through the C API: every byte of every item once, cut on rows. */
+static void test_split_plan(void) {
+  ferry_plan_item_t items[3] = {{100, 0}, {300, 30}, {100, 10}};
+  ferry_plan_piece_t pieces[16];
+  size_t count = 0, i;
+  uint64_t covered[3] = {0, 0, 0};
+  ferry_error_t err = {0};
+  CHECK(ferry_split_plan(items, 3, 2, 2, NULL, 0, &count, &err) == FERRY_OK);
+  CHECK(count >= 3 && count <= 16);
+  if (count > 16) return;
+  CHECK(ferry_split_plan(items, 3, 2, 2, pieces, 16, &count, &err) == FERRY_OK);
+  for (i = 0; i < count; ++i) {
+    CHECK(pieces[i].segment < 4);
+    CHECK(pieces[i].begin == covered[pieces[i].item]);
+    if (items[pieces[i].item].row_bytes > 0)
+      CHECK(pieces[i].begin % items[pieces[i].item].row_bytes == 0);
+    covered[pieces[i].item] += pieces[i].len;
+  }
+  CHECK(covered[0] == 100 && covered[1] == 300 && covered[2] == 100);
+  CHECK(ferry_split_plan(items, 3, 0, 1, pieces, 16, &count, &err) == FERRY_INVALID_ARGUMENT);
+}
+
 int main(int argc, char** argv) {
   char path[600];
   if (argc < 2) {
@@ -653,7 +719,9 @@ int main(int argc, char** argv) {
     test_loader_host(path);
     test_tensor_table(path);
     test_errors(path);
+    test_sharded(path);
   }
+  test_split_plan();
   remove(path);
 
   printf("c_api_test: %d checks, %d failed\n", g_checks, g_failures);

@@ -236,7 +236,7 @@ run bench-generate 0 "$FERRY" bench --generate 4MiB --repeat 2 --dir "$WORK" &&
 check bench-cleanup
 if ls -d "$WORK"/ferry-bench-* >/dev/null 2>&1; then fail "bench left its checkpoint behind"; fi
 run bench-keep 0 "$FERRY" bench --generate 2MiB --repeat 1 --dir "$WORK" --keep --prealloc \
-  --threads 2 --chunk-mib 1 --staging-mib 8 --path staging && has "kept" &&
+  --threads 2 --slot-mib 1 --staging-mib 8 --path staging && has "kept" &&
   has "into preallocated buffers"
 run bench-file 0 "$FERRY" bench "$ST" --repeat 1 && has "22 tensors" && has "ceiling"
 

@@ -13,8 +13,8 @@
 #include "codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry_generated.h"
+#include "footer.hpp"
 #include "format.hpp"
-#include "reader_impl.hpp"
 #include "test_util.hpp"
 
 namespace ferry {

@@ -586,7 +586,7 @@ TEST(FaultTest, ManyThreadsShareOneReader) {
       LoaderOptions o;
       o.threads = 2;
       o.verify = t % 2 == 0;
-      o.chunk_bytes = 64 << 10;
+      o.slot_bytes = 64 << 10;
       auto own = Loader::Create(o);
       if (!own.ok()) return fail("Loader::Create");
       for (int iter = 0; iter < 6; ++iter) {

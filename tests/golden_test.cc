@@ -8,9 +8,10 @@
 #include <fstream>
 #include <iterator>
 
+#include "block_source.hpp"
 #include "codec.hpp"
 #include "ferry/ferry.hpp"
-#include "reader_impl.hpp"
+#include "footer.hpp"
 
 namespace ferry {
 namespace {
@@ -212,10 +213,11 @@ TEST_F(GoldenTest, Layout) {
   }
   EXPECT_EQ(reader_->Find("empty")->data_offset, 0u);
   // The chunk tables of the encoded tensors: one zstd frame per 4096-byte block.
-  const Reader::Impl& impl = reader_->impl();
+  const BlockSource& source = BlocksOf(*reader_);
   for (const char* name : {"fc1.weight", "fc2.weight"}) {
     SCOPED_TRACE(name);
-    const fb::Tensor* t = impl.at(reader_->Find(name)->index);
+    const size_t i = reader_->Find(name)->index;
+    const fb::Tensor* t = source.at(i);
     ASSERT_NE(t->chunks(), nullptr);
     uint64_t blocks = (t->nbytes() + 4095) / 4096;
     ASSERT_EQ(t->chunks()->size(), blocks);
@@ -227,6 +229,18 @@ TEST_F(GoldenTest, Layout) {
       end = c->offset() + c->stored_size();
     }
     EXPECT_EQ(end, t->data_size());
+    // The block source reports the same table.
+    ASSERT_EQ(source.NumBlocks(i), blocks);
+    for (uint64_t b = 0; b < source.NumBlocks(i); ++b) {
+      const fb::Chunk* c = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(b));
+      StoredBlock s = source.Block(i, b);
+      EXPECT_EQ(s.file_offset, t->data_offset() + c->offset());
+      EXPECT_EQ(s.stored_size, c->stored_size());
+      EXPECT_EQ(s.raw_offset, b * 4096);
+      EXPECT_EQ(s.raw_size, std::min<uint64_t>(4096, t->nbytes() - b * 4096));
+      EXPECT_TRUE(s.compressed);
+      EXPECT_TRUE(source.VerifyBlock(i, b).ok());
+    }
   }
 }
 

@@ -74,17 +74,17 @@ class LoaderTest : public ::testing::Test {
 
 TEST_F(LoaderTest, RejectsBadOptions) {
   LoaderOptions o;
-  o.chunk_bytes = 1000;
+  o.slot_bytes = 1000;
   EXPECT_EQ(Loader::Create(o).status().code(), StatusCode::kInvalidArgument);
   o = LoaderOptions();
-  o.staging_bytes = o.chunk_bytes;
+  o.staging_bytes = o.slot_bytes;
   EXPECT_EQ(Loader::Create(o).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(LoaderTest, HostLoadAllBitExact) {
   LoaderOptions o;
   o.verify = true;
-  o.chunk_bytes = 16 << 10;
+  o.slot_bytes = 16 << 10;
   o.staging_bytes = 64 << 10;
   auto loader = Loader::Create(o);
   ASSERT_TRUE(loader.ok());
@@ -229,7 +229,7 @@ TEST_F(DeviceLoaderTest, EveryDTypeBitExactBothHostPaths) {
       o.register_window_bytes = 64 << 10;  // many windows, each registered and released
       o.pinned_alloc = pa;
       o.verify = true;
-      o.chunk_bytes = 32 << 10;
+      o.slot_bytes = 32 << 10;
       o.staging_bytes = 128 << 10;  // 4 slots: forces heavy slot reuse
       auto loader = Loader::Create(o);
       ASSERT_TRUE(loader.ok());
@@ -249,7 +249,7 @@ TEST_F(DeviceLoaderTest, DirectIoBitExact) {
   LoaderOptions o;
   o.io = IoMode::kDirect;
   o.verify = true;
-  o.chunk_bytes = 32 << 10;
+  o.slot_bytes = 32 << 10;
   o.staging_bytes = 128 << 10;
   auto loader = Loader::Create(o);
   ASSERT_TRUE(loader.ok());

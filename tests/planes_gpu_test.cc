@@ -8,13 +8,13 @@
 #include <cstring>
 #include <map>
 
+#include "block_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry_generated.h"
 #include "planes.hpp"
 #include "planes_cuda.hpp"
 #include "planes_data.hpp"
-#include "reader_impl.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -279,11 +279,11 @@ TEST_F(PlanesLoadTest, CorruptUnitIsDataLossNamingTensorAndBlock) {
     auto r = Reader::Open(path_);
     ASSERT_TRUE(r.ok());
     auto info = (*r)->Find("a.bf16");
-    const fb::Tensor* t = (*r)->impl().at(info->index);
+    const fb::Tensor* t = BlocksOf(**r).at(info->index);
     const fb::Chunk* c = t->chunks()->Get(2);
     ASSERT_EQ(c->codec(), fb::ChunkCodec::PLANES);
     planes::Layout l;
-    const uint8_t* block = (*r)->impl().base() + info->data_offset + c->offset();
+    const uint8_t* block = BlocksOf(**r).mapping()->data() + info->data_offset + c->offset();
     ASSERT_TRUE(planes::Parse(block, c->stored_size(), 1 << 20, &l).ok());
     uint32_t unit3;
     std::memcpy(&unit3, block + l.plane[1].offset + planes::kCodedUnitTableOffset + 12, 4);

@@ -9,11 +9,11 @@
 #include <cstring>
 #include <map>
 
+#include "block_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry_generated.h"
 #include "planes_data.hpp"
-#include "reader_impl.hpp"
 #include "test_util.hpp"
 #include "util.hpp"
 
@@ -249,7 +249,7 @@ TEST(PlanesFileTest, EveryDTypeRoundTripsThroughWriterReaderAndHostLoads) {
     auto info = (*r)->Find(name);
     ASSERT_TRUE(info.ok());
     EXPECT_EQ(info->encoding, bytes.empty() ? Encoding::kRaw : Encoding::kPlanes) << name;
-    const fb::Tensor* t = (*r)->impl().at(info->index);
+    const fb::Tensor* t = BlocksOf(**r).at(info->index);
     if (t->chunks()) {
       for (const fb::Chunk* c : *t->chunks()) planes_chunks += c->codec() == fb::ChunkCodec::PLANES;
     }
@@ -292,11 +292,11 @@ TEST(PlanesFileTest, CorruptUnitIsDataLossNamingTensorAndBlock) {
     auto r = Reader::Open(path);
     ASSERT_TRUE(r.ok());
     auto info = (*r)->Find("layers.0.w");
-    const fb::Tensor* t = (*r)->impl().at(info->index);
+    const fb::Tensor* t = BlocksOf(**r).at(info->index);
     const fb::Chunk* c = t->chunks()->Get(1);
     ASSERT_EQ(c->codec(), fb::ChunkCodec::PLANES);
     planes::Layout l;
-    const uint8_t* block = (*r)->impl().base() + info->data_offset + c->offset();
+    const uint8_t* block = BlocksOf(**r).mapping()->data() + info->data_offset + c->offset();
     ASSERT_TRUE(planes::Parse(block, c->stored_size(), 1 << 20, &l).ok());
     uint32_t unit1;
     std::memcpy(&unit1, block + l.plane[1].offset + planes::kCodedUnitTableOffset + 4, 4);

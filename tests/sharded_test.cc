@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "ferry_generated.h"
+#include "footer.hpp"
 #include "format.hpp"
-#include "reader_impl.hpp"
 #include "test_util.hpp"
 
 namespace ferry {

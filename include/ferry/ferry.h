@@ -553,12 +553,15 @@ typedef struct ferry_loader_t ferry_loader_t;
 typedef struct ferry_loader_options_t {
   size_t struct_size;
   uint64_t staging_bytes; /* total pinned staging memory */
-  uint64_t chunk_bytes;   /* bytes per staging slot and per DMA */
+  uint64_t slot_bytes;    /* bytes per staging slot and per DMA */
   int32_t threads;        /* CPU workers; 0: up to 16, 8 of them for uncompressed loads */
   int32_t host_path;      /* FERRY_HOST_PATH_* */
   int32_t pinned_alloc;   /* FERRY_PINNED_* */
   int32_t verify;         /* check block checksums while loading */
   int32_t io;             /* FERRY_IO_* */
+  /* FERRY_HOST_PATH_REGISTER_WINDOWS: bytes of the mapping each worker registers at a time. */
+  uint64_t register_window_bytes;
+  int32_t streaming_stores; /* fill staging slots with non-temporal stores (measured slower) */
 } ferry_loader_options_t;
 
 FERRY_API void ferry_loader_options_init(ferry_loader_options_t* options);
@@ -635,6 +638,50 @@ FERRY_API int ferry_loader_load_packed(ferry_loader_t* loader, const ferry_reade
                                        ferry_error_t* error);
 FERRY_API int ferry_loader_load_to_host_packed(ferry_loader_t* loader, const ferry_reader_t* reader,
                                                void* dst, uint64_t dst_size, ferry_error_t* error);
+
+/* ---- sharded checkpoints and distributed plans ------------------------------------------ */
+
+/* A sharded checkpoint: an index ("model.ferry.index.json" or "model.safetensors.index.json":
+ * {"metadata": {...}, "weight_map": {tensor: shard file}}) over one reader per shard. The
+ * index is parsed strictly and every shard must lie inside the index's directory. Immutable:
+ * any number of threads may use one at once; free it with ferry_sharded_free (readers taken
+ * from it stay valid). */
+typedef struct ferry_sharded_t ferry_sharded_t;
+
+/* Opens the index at `path` and every shard it names (each with `options`, may be NULL).
+ * FERRY_DATA_LOSS, naming the index, for a malformed index or a tensor listed in the wrong
+ * shard. */
+FERRY_API int ferry_sharded_open(const char* path, const ferry_reader_options_t* options,
+                                 ferry_sharded_t** out, ferry_error_t* error);
+FERRY_API void ferry_sharded_free(ferry_sharded_t* sharded);
+/* Shards are numbered in the byte order of their file names. */
+FERRY_API size_t ferry_sharded_num_shards(const ferry_sharded_t* sharded);
+/* A new reader handle of shard `shard` (free it with ferry_reader_free); it shares the shard's
+ * open file with the sharded checkpoint. */
+FERRY_API int ferry_sharded_shard(const ferry_sharded_t* sharded, size_t shard,
+                                  ferry_reader_t** out, ferry_error_t* error);
+/* The shard holding tensor `name`; FERRY_NOT_FOUND when no shard has it. */
+FERRY_API int ferry_sharded_find(const ferry_sharded_t* sharded, const char* name, size_t* shard,
+                                 ferry_error_t* error);
+
+/* The distributed loader's split (ferry::SplitPlan): items, in the order every rank agrees
+ * on, concatenated and cut into nranks * rounds segments, cuts snapped to row boundaries
+ * (row_bytes 0: the item is not cut). Rank r reads segments [r * rounds, (r + 1) * rounds). */
+typedef struct ferry_plan_item_t {
+  uint64_t bytes;
+  uint64_t row_bytes;
+} ferry_plan_item_t;
+typedef struct ferry_plan_piece_t {
+  uint32_t item;    /* index into the items */
+  uint32_t segment; /* rank = segment / rounds, round = segment % rounds */
+  uint64_t begin;   /* byte range [begin, begin + len) of the item */
+  uint64_t len;
+} ferry_plan_piece_t;
+/* Writes up to `capacity` pieces to `pieces` and their total count to *count; when capacity
+ * is too small (0 to ask) nothing is written, *count is set and FERRY_OK returned. */
+FERRY_API int ferry_split_plan(const ferry_plan_item_t* items, size_t num_items, int32_t nranks,
+                               int32_t rounds, ferry_plan_piece_t* pieces, size_t capacity,
+                               size_t* count, ferry_error_t* error);
 
 #ifdef __cplusplus
 }

@@ -284,18 +284,19 @@ struct ReadOptions {
   bool verify = false;  // check block checksums of the bytes read
 };
 
-class FERRY_API Mapping;
-
-// A read-only zero-copy view of a raw tensor inside the file mapping. Holds a reference to
-// the mapping: valid (and the memory readable) as long as the view, or a copy, exists, and
-// the file is not truncated: the caller's own reads of a truncated file raise SIGBUS, which
-// the library's copies (ReadInto, loads) turn into DataLoss instead (docs/SECURITY.md).
+// A read-only zero-copy view of a raw tensor inside the file mapping. `keepalive` holds a
+// reference to the mapping (an opaque owner): the view is valid (and the memory readable) as long
+// as the view, or a copy, exists, and the file is not truncated: the caller's own reads of a
+// truncated file raise SIGBUS, which the library's copies (ReadInto, loads) turn into DataLoss
+// instead (docs/SECURITY.md).
 struct HostView {
   const void* data = nullptr;
   uint64_t nbytes = 0;
   TensorInfo info;
-  std::shared_ptr<const Mapping> keepalive;
+  std::shared_ptr<const void> keepalive;
 };
+
+class BlockSource;  // internal: the stored data behind a Reader
 
 class FERRY_API Reader {
  public:
@@ -332,13 +333,10 @@ class FERRY_API Reader {
   Status Verify(std::string_view name) const;
   Status VerifyAll() const;
 
-  class Impl;
-  // Internal: for the loader and the C API. Not stable.
-  const Impl& impl() const { return *impl_; }
-
  private:
-  explicit Reader(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  friend const BlockSource& BlocksOf(const Reader& reader);
+  explicit Reader(std::unique_ptr<BlockSource> blocks);
+  std::unique_ptr<BlockSource> blocks_;
 };
 
 }  // namespace ferry

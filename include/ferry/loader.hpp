@@ -46,7 +46,7 @@ struct DeviceAllocator {
 
 // How page-cache-resident data reaches the GPU.
 enum class HostPath : uint8_t {
-  kAuto = 0,      // choose per load (see docs/LOADER.md)
+  kAuto = 0,      // kRegister once this mapping is registered, else kStaging
   kStaging = 1,   // CPU copies from the mapping into the pinned ring, then DMA
   kRegister = 2,  // cudaHostRegister(ReadOnly) the mapped file, DMA straight from page cache
   // As kRegister, but each worker registers one window of register_window_bytes at a time and
@@ -71,12 +71,12 @@ enum class PinnedAlloc : uint8_t {
 };
 
 struct LoaderOptions {
-  // Pinned staging memory, split into slots of chunk_bytes (each with 8 KiB of room for
+  // Pinned staging memory, split into slots of slot_bytes (each with 8 KiB of room for
   // aligning direct reads).
   uint64_t staging_bytes = uint64_t{64} << 20;
   // Bytes per staging slot and per DMA; small tensors are packed into one slot when their
   // destinations are contiguous.
-  uint64_t chunk_bytes = uint64_t{4} << 20;
+  uint64_t slot_bytes = uint64_t{4} << 20;
   // CPU worker threads (copy, decode, verify). 0: min(16, hardware threads). Loads of raw
   // tensors use at most 8 of them (more measured slower on an H200 host: the copy is memory
   // bound); loads that are mostly compressed use all of them (decode bound).

@@ -14,9 +14,9 @@
 #include <memory>
 #include <thread>
 
+#include "block_source.hpp"
 #include "cli.hpp"
 #include "ferry/loader.hpp"
-#include "reader_impl.hpp"
 #include "util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -166,8 +166,7 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
 // Touches every page of the mapping so the timed loads read a hot page cache, as the
 // ceiling does.
 void WarmPageCache(const Reader& reader) {
-  const Reader::Impl& impl = reader.impl();
-  const volatile uint8_t* p = impl.base();
+  const volatile uint8_t* p = BlocksOf(reader).mapping()->data();
   uint64_t size = reader.file_size();
   Progress progress("reading into the page cache", size);
   uint8_t sink = 0;
@@ -198,17 +197,18 @@ struct Runs {
 class HostCeiling {
  public:
   HostCeiling(const Reader& reader, uint64_t bytes, int threads) : threads_(threads) {
-    const Reader::Impl& impl = reader.impl();
+    const BlockSource& blocks = BlocksOf(reader);
     const uint64_t cap = std::max<uint64_t>(1, std::min(bytes, uint64_t{1} << 30));
     dst_.assign(cap, 1);
     constexpr uint64_t kPiece = uint64_t{4} << 20;
     uint64_t off = 0;
     for (size_t i = 0; i < reader.num_tensors(); ++i) {
-      const fb::Tensor* t = impl.at(i);
-      for (uint64_t b = 0; b < t->nbytes(); b += kPiece) {
-        uint64_t len = std::min(kPiece, t->nbytes() - b);
+      const uint64_t nbytes = blocks.RawSize(i);
+      const uint8_t* data = blocks.mapping()->data() + blocks.FileOffset(i);
+      for (uint64_t b = 0; b < nbytes; b += kPiece) {
+        uint64_t len = std::min(kPiece, nbytes - b);
         if (off % cap + len > cap) off += cap - off % cap;
-        pieces_.push_back(Piece{impl.base() + t->data_offset() + b, off % cap, len});
+        pieces_.push_back(Piece{data + b, off % cap, len});
         off += len;
       }
     }
@@ -351,12 +351,12 @@ int RunBench(const BenchOptions& options) {
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < reader.num_tensors(); ++i) bytes += reader.impl().at(i)->nbytes();
+  for (size_t i = 0; i < reader.num_tensors(); ++i) bytes += reader.tensor(i).nbytes;
   WarmPageCache(reader);
 
   LoaderOptions lo;
   lo.threads = options.threads;
-  lo.chunk_bytes = static_cast<uint64_t>(options.chunk_mib) << 20;
+  lo.slot_bytes = static_cast<uint64_t>(options.slot_mib) << 20;
   lo.staging_bytes = static_cast<uint64_t>(options.staging_mib) << 20;
   lo.host_path = options.path == "staging"            ? HostPath::kStaging
                  : options.path == "register"         ? HostPath::kRegister
@@ -437,8 +437,8 @@ int RunBench(const BenchOptions& options) {
   std::printf("target      %s\n", target.c_str());
   std::string threads_desc =
       options.threads > 0 ? std::to_string(options.threads) : std::string("auto");
-  std::printf("loader      threads %s, chunk %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
-              threads_desc.c_str(), options.chunk_mib, options.staging_mib, options.path.c_str(),
+  std::printf("loader      threads %s, slot %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
+              threads_desc.c_str(), options.slot_mib, options.staging_mib, options.path.c_str(),
               options.io.c_str(), options.verify ? ", verifying checksums" : "",
               options.prealloc ? "into preallocated buffers" : "the loader allocates");
   std::fflush(stdout);

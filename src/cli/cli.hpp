@@ -45,7 +45,7 @@ struct BenchOptions {
   std::string dir;       // where --generate writes; empty: /dev/shm if usable, else $TMPDIR
   bool keep = false;
   int threads = 0;
-  int chunk_mib = 4;
+  int slot_mib = 4;
   int staging_mib = 64;
   std::string path = "auto";
   std::string io = "auto";

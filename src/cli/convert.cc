@@ -7,15 +7,18 @@
 #include <cstring>
 #include <map>
 
+#include "block_source.hpp"
 #include "cli.hpp"
 #include "fp8_json.hpp"
-#include "reader_impl.hpp"
 #include "safetensors.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
 
 namespace {
+
+// Checksums of a source are checked on the way through (where it has them).
+constexpr ReadPath kVerified{/*verify=*/true, /*streaming=*/false, /*direct=*/nullptr};
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -37,7 +40,7 @@ struct Source {
 void Describe(Source* s) {
   const Reader& r = *s->reader;
   s->metadata = r.metadata();
-  if (!r.impl().safetensors) {
+  if (!BlocksOf(r).safetensors()) {
     s->quantized = r.quantized();
     s->scaling = r.scaling_states();
     return;
@@ -151,7 +154,7 @@ Result<std::vector<Item>> CollectItems(const std::vector<Source>& sources) {
       mine.push_back(Item{k, i});
     }
     std::stable_sort(mine.begin(), mine.end(), [&](const Item& a, const Item& b) {
-      return r.impl().at(a.tensor)->data_offset() < r.impl().at(b.tensor)->data_offset();
+      return BlocksOf(r).FileOffset(a.tensor) < BlocksOf(r).FileOffset(b.tensor);
     });
     items.insert(items.end(), mine.begin(), mine.end());
   }
@@ -193,14 +196,14 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
   FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(out, wo));
   for (const Item& it : items) {
     const Reader& r = *sources[it.source].reader;
-    const Reader::Impl& impl = r.impl();
+    const BlockSource& blocks = BlocksOf(r);
     TensorInfo info = r.tensor(it.tensor);
     // Checksums of the source are checked on the way through (where it has them), so a
     // corrupt input never becomes a new file with fresh, matching checksums.
     FillFn fill = [&](uint64_t offset, void* dst, size_t size) -> Status {
       FERRY_RETURN_IF_ERROR(Interrupted(out));
       FERRY_RETURN_IF_ERROR(
-          impl.ReadRange(it.tensor, offset, size, static_cast<uint8_t*>(dst), true));
+          blocks.Read(it.tensor, offset, size, static_cast<uint8_t*>(dst), kVerified));
       progress->Add(size);
       return Status::Ok();
     };
@@ -251,13 +254,13 @@ Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>
   std::vector<uint8_t> buf;
   for (const SafetensorsEntry& e : entries) {
     const Item& it = by_name.at(e.name);
-    const Reader::Impl& impl = sources[it.source].reader->impl();
-    uint64_t nbytes = impl.at(it.tensor)->nbytes();
+    const BlockSource& blocks = BlocksOf(*sources[it.source].reader);
+    uint64_t nbytes = blocks.RawSize(it.tensor);
     buf.resize(std::min(nbytes, kPiece));
     for (uint64_t off = 0; off < nbytes; off += kPiece) {
       FERRY_RETURN_IF_ERROR(Interrupted(out));
       uint64_t len = std::min(kPiece, nbytes - off);
-      FERRY_RETURN_IF_ERROR(impl.ReadRange(it.tensor, off, len, buf.data(), true));
+      FERRY_RETURN_IF_ERROR(blocks.Read(it.tensor, off, len, buf.data(), kVerified));
       FERRY_RETURN_IF_ERROR(writer.Write(buf.data(), len));
       progress->Add(len);
     }
@@ -311,10 +314,10 @@ int RunConvert(const ConvertOptions& options) {
   if (!items.ok()) return Fail(items.status());
   uint64_t raw_total = 0;
   for (const Item& it : *items) {
-    raw_total += (*sources)[it.source].reader->impl().at(it.tensor)->nbytes();
+    raw_total += BlocksOf(*(*sources)[it.source].reader).RawSize(it.tensor);
   }
   bool from_safetensors = true;
-  for (const Source& s : *sources) from_safetensors &= s.reader->impl().safetensors;
+  for (const Source& s : *sources) from_safetensors &= BlocksOf(*s.reader).safetensors();
 
   CatchInterrupts();
   Progress progress("converting", raw_total);

@@ -4,9 +4,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "block_source.hpp"
 #include "cli.hpp"
 #include "fp8_json.hpp"
-#include "reader_impl.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
@@ -52,7 +52,7 @@ int RunInspect(const InspectOptions& options) {
   auto opened = Reader::Open(options.file);
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;
-  const Reader::Impl& impl = reader.impl();
+  const BlockSource& blocks = BlocksOf(reader);
 
   uint64_t raw_total = 0, stored_total = 0;
   std::vector<TensorInfo> tensors;
@@ -65,16 +65,16 @@ int RunInspect(const InspectOptions& options) {
   std::vector<QuantizedTensor> quantized = reader.quantized();
   std::vector<ScalingState> scaling = reader.scaling_states();
   auto metadata = reader.metadata();
-  const char* format = impl.safetensors ? "safetensors" : "tensorferry";
+  const char* format = blocks.safetensors() ? "safetensors" : "tensorferry";
 
   if (options.json) {
     Json j = Json::object();
     j["path"] = reader.path();
     j["format"] = format;
-    if (!impl.safetensors) j["format_version"] = reader.format_version();
+    if (!blocks.safetensors()) j["format_version"] = reader.format_version();
     j["producer"] = reader.producer();
     j["file_size"] = reader.file_size();
-    j["checksums"] = impl.has_checksums ? Json("xxh3-64") : Json(nullptr);
+    j["checksums"] = blocks.has_checksums() ? Json("xxh3-64") : Json(nullptr);
     j["raw_bytes"] = raw_total;
     j["stored_bytes"] = stored_total;
     Json jt = Json::array();
@@ -87,7 +87,7 @@ int RunInspect(const InspectOptions& options) {
       e["stored_bytes"] = t.data_size;
       e["raw_bytes"] = t.nbytes;
       e["data_offset"] = t.data_offset;
-      if (impl.has_checksums) e["block_size"] = t.block_size;
+      if (blocks.has_checksums()) e["block_size"] = t.block_size;
       jt.push_back(std::move(e));
     }
     j["tensors"] = std::move(jt);
@@ -108,7 +108,7 @@ int RunInspect(const InspectOptions& options) {
   }
 
   std::printf("file       %s\n", reader.path().c_str());
-  if (impl.safetensors) {
+  if (blocks.safetensors()) {
     std::printf("format     safetensors\n");
   } else {
     std::printf("format     TensorFerry v%u (producer \"%s\")\n", reader.format_version(),
@@ -116,7 +116,7 @@ int RunInspect(const InspectOptions& options) {
   }
   std::printf("size       %s (%llu bytes)\n", HumanBytes(reader.file_size()).c_str(),
               static_cast<unsigned long long>(reader.file_size()));
-  if (impl.has_checksums) {
+  if (blocks.has_checksums()) {
     std::printf("checksums  XXH3-64 per block\n");
   } else {
     std::printf("checksums  none (safetensors files carry no checksums)\n");

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--keep", bench.keep, "keep the generated checkpoint");
   bench_cmd->add_option("--threads", bench.threads, "loader threads (0: automatic)")
       ->check(CLI::Range(0, 1024));
-  bench_cmd->add_option("--chunk-mib", bench.chunk_mib, "MiB per staging slot and copy")
+  bench_cmd->add_option("--slot-mib,--chunk-mib", bench.slot_mib, "MiB per staging slot and copy")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   bench_cmd->add_option("--staging-mib", bench.staging_mib, "pinned staging ring MiB")

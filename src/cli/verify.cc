@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "block_source.hpp"
 #include "cli.hpp"
-#include "reader_impl.hpp"
 #include "util.hpp"
 
 namespace ferry::cli {
@@ -26,12 +26,12 @@ int RunVerify(const VerifyOptions& options) {
   auto opened = Reader::Open(options.file);
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;
-  const Reader::Impl& impl = reader.impl();
+  const BlockSource& blocks = BlocksOf(reader);
 
   uint64_t raw_total = 0;
-  for (size_t i = 0; i < reader.num_tensors(); ++i) raw_total += impl.at(i)->nbytes();
+  for (size_t i = 0; i < reader.num_tensors(); ++i) raw_total += blocks.RawSize(i);
 
-  if (!impl.has_checksums) {
+  if (!blocks.has_checksums()) {
     if (options.json) {
       nlohmann::ordered_json j = {{"path", reader.path()},
                                   {"format", "safetensors"},
@@ -54,7 +54,7 @@ int RunVerify(const VerifyOptions& options) {
   // One work item per block, so one large tensor spreads over every thread.
   std::vector<std::pair<size_t, uint64_t>> items;
   for (size_t i = 0; i < reader.num_tensors(); ++i) {
-    for (uint64_t b = 0; b < impl.NumBlocks(i); ++b) items.emplace_back(i, b);
+    for (uint64_t b = 0; b < blocks.NumBlocks(i); ++b) items.emplace_back(i, b);
   }
   int threads = options.threads;
   if (threads <= 0) {
@@ -67,26 +67,16 @@ int RunVerify(const VerifyOptions& options) {
   std::mutex mu;
   std::vector<Failure> failures;
   auto work = [&] {
-    std::vector<uint8_t> block, scratch;
     for (;;) {
       size_t k = next.fetch_add(1);
       if (k >= items.size()) break;
       auto [i, b] = items[k];
-      const fb::Tensor* t = impl.at(i);
-      uint64_t raw = impl.BlockRawSize(i, b);
-      Status st;
-      if (t->encoding() == fb::Encoding::RAW) {
-        st = impl.VerifyBlock(i, b, impl.base() + t->data_offset() + b * t->block_size());
-      } else {
-        if (block.size() < raw) block.resize(raw);
-        if (scratch.size() < raw) scratch.resize(raw);
-        st = impl.DecodeBlock(i, b, block.data(), scratch.data(), true);
-      }
+      Status st = blocks.VerifyBlock(i, b);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         failures.push_back(Failure{i, b, st.message()});
       }
-      progress.Add(raw);
+      progress.Add(blocks.Block(i, b).raw_size);
     }
   };
   std::vector<std::thread> pool;
@@ -106,7 +96,7 @@ int RunVerify(const VerifyOptions& options) {
   if (options.json) {
     nlohmann::ordered_json jf = nlohmann::ordered_json::array();
     for (const Failure& f : failures) {
-      jf.push_back({{"tensor", std::string(impl.at(f.tensor)->name()->string_view())},
+      jf.push_back({{"tensor", std::string(blocks.Name(f.tensor))},
                     {"block", f.block},
                     {"message", f.message}});
     }

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <map>
 
-#include "reader_impl.hpp"
+#include "block_source.hpp"
 #include "safetensors.hpp"
 #include "util.hpp"
 
@@ -99,12 +99,14 @@ Status ConvertCheckpoint(const std::string& in, const std::string& out,
                  ": writing safetensors from this input is `ferry convert`'s job");
   }
   FERRY_ASSIGN_OR_RETURN(auto reader, Reader::Open(in));
-  const Reader::Impl& impl = reader->impl();
+  const BlockSource& blocks = BlocksOf(*reader);
+  ReadPath verified;
+  verified.verify = true;
   FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(out, options));
   for (size_t i = 0; i < reader->num_tensors(); ++i) {
     TensorInfo info = reader->tensor(i);
     FillFn fill = [&](uint64_t offset, void* dst, size_t size) -> Status {
-      return impl.ReadRange(i, offset, size, static_cast<uint8_t*>(dst), true);
+      return blocks.Read(i, offset, size, static_cast<uint8_t*>(dst), verified);
     };
     FERRY_RETURN_IF_ERROR(
         writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, options.encoding));

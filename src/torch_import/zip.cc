@@ -72,6 +72,7 @@ Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::str
   // truncated while it is read gives DataLoss, not a crash.
   auto copy = [&](uint64_t off, uint64_t n, std::vector<uint8_t>* out) -> Status {
     out->resize(n);
+    if (n == 0) return Status::Ok();  // no memcpy through the null data() of an empty vector
     auto fn = [&] { std::memcpy(out->data(), data + off, n); };
     if (guard != nullptr ? !guard->Guard(fn) : (fn(), false)) {
       return Error(StatusCode::kDataLoss, p, ": the file shrank while it was read");

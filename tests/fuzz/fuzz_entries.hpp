@@ -22,9 +22,9 @@
 #include "codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "footer.hpp"
 #include "format.hpp"
 #include "planes.hpp"
-#include "reader_impl.hpp"
 #include "safetensors.hpp"
 #include "torch_import/te_extra_state.hpp"
 #include "torch_import/torch_checkpoint.hpp"
@@ -152,7 +152,7 @@ inline Loader& HostLoader(IoMode io) {
     o.threads = 1;
     o.io = mode;
     o.verify = true;
-    o.chunk_bytes = 64 << 10;
+    o.slot_bytes = 64 << 10;
     o.staging_bytes = 128 << 10;
     auto l = Loader::Create(o);
     if (!l.ok()) Broken("Loader::Create", l.status().ToString());

@@ -80,14 +80,25 @@ def test_open_checkpoint_sharded(tmp_path):
 
 @pytest.mark.parametrize("weight_map, message", [
     ({"a": "../x.ferry"}, "not a relative path"),
-    ({"a": "x.ferry", "c": "y.ferry"}, "tensor 'b' of 'x.ferry' is not mapped"),
-    ({"a": "x.ferry", "b": "y.ferry", "c": "y.ferry"}, "tensor 'b' of 'x.ferry' is not mapped"),
+    ({"a": "x.ferry", "c": "y.ferry"}, "tensor 'b' of 'x.ferry' is not in the weight_map"),
+    ({"a": "x.ferry", "b": "y.ferry", "c": "y.ferry"},
+     "maps tensor 'b' to 'y.ferry', which has no such tensor"),
 ])
 def test_open_checkpoint_rejects(tmp_path, weight_map, message):
     write_sharded(tmp_path)
     bad = tmp_path / "bad.index.json"
     bad.write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(tf.DataLossError, match=message):
+        tfd.open_checkpoint(bad)
+
+
+def test_open_checkpoint_parses_strictly(tmp_path):
+    # The library's parser, not json.loads: a duplicate key is an error, not "last one wins".
+    write_sharded(tmp_path)
+    bad = tmp_path / "dup.index.json"
+    bad.write_text('{"weight_map": {"a": "x.ferry", "a": "y.ferry", "b": "x.ferry", '
+                   '"c": "y.ferry"}}')
+    with pytest.raises(tf.DataLossError, match="bad checkpoint index: duplicate key 'a'"):
         tfd.open_checkpoint(bad)
 
 

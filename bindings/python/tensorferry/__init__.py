@@ -175,16 +175,18 @@ def shared_tensor_groups(tensors):
 
 
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
-              threads=0, durable=True, scaling_state=None, producer=None):
+              threads=0, durable=True, scaling_state=None, producer=None, min_savings=None):
     """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
     torch tensors that share memory are refused (RuntimeError naming them), as safetensors
     does; non-contiguous tensors are stored contiguously (safetensors refuses them).
     encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
-    compress best), or "planes" (bf16/f16 weights about 1.45x smaller, expanded on the GPU
+    compress best), or "planes" (bf16/f16 weights about 1.47x smaller, expanded on the GPU
     while loading, so hot loads move fewer bytes over the link); zstd_level None keeps the
     library's default. metadata: dict of str -> str.
+    min_savings: a block is stored uncompressed unless zstd saves this fraction (None: the
+    library's 0.03).
     scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
     data, never pickled).
     """
@@ -208,6 +210,8 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     opts.durable = 1 if durable else 0
     if block_size is not None:
         opts.block_size = int(block_size)
+    if min_savings is not None:
+        opts.min_savings = float(min_savings)
     producer_b = producer.encode("utf-8") if producer else None
     opts.producer = producer_b
     handle = ctypes.c_void_p()
@@ -253,17 +257,20 @@ class Reader(_Closable):
     """An open checkpoint (the C reader handle). Thread-safe; views it hands out stay valid
     after close()."""
 
-    def __init__(self, path, verify=False):
+    def __init__(self, path, verify=False, *, _handle=None):
         L = _lib.lib()
-        opts = _lib.ReaderOptions()
-        L.ferry_reader_options_init(ctypes.byref(opts))
-        opts.verify_on_open = 1 if verify else 0
-        handle = ctypes.c_void_p()
-        try:
-            _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts), ctypes.byref(handle))
-        except NotFoundError as e:
-            # Opening reports NotFound only for the file itself: Python's type for that.
-            raise _lib.MissingFileError(e.code, str(e), os.fspath(path)) from None
+        handle = _handle
+        if handle is None:
+            opts = _lib.ReaderOptions()
+            L.ferry_reader_options_init(ctypes.byref(opts))
+            opts.verify_on_open = 1 if verify else 0
+            handle = ctypes.c_void_p()
+            try:
+                _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts),
+                          ctypes.byref(handle))
+            except NotFoundError as e:
+                # Opening reports NotFound only for the file itself: Python's type for that.
+                raise _lib.MissingFileError(e.code, str(e), os.fspath(path)) from None
         self._handle = handle
         self._lib = L
         try:
@@ -638,24 +645,37 @@ class Loader(_Closable):
     calling thread's current CUDA device, on the given stream. Close it (or let the process
     exit) while the CUDA context is alive.
 
-    ``io``: "auto" (page cache when the file is resident, else O_DIRECT), "page_cache" or
-    "direct"."""
+    The options are ferry::LoaderOptions (include/ferry/loader.hpp); None keeps the library's
+    default. ``io``: "auto" (page cache when the file is resident, else O_DIRECT), "page_cache"
+    or "direct". ``host_path``: "auto", "staging", "register" or "register_windows".
+    ``pinned_alloc``: "host_register" or "host_alloc". ``chunk_bytes`` is the former name of
+    ``slot_bytes``."""
 
     _IO = {"auto": 0, "page_cache": 1, "direct": 2}
+    _HOST_PATH = {"auto": 0, "staging": 1, "register": 2, "register_windows": 3}
+    _PINNED = {"host_register": 0, "host_alloc": 1}
 
-    def __init__(self, staging_bytes=None, chunk_bytes=None, threads=0, verify=False, io="auto"):
+    def __init__(self, staging_bytes=None, slot_bytes=None, threads=0, verify=False, io="auto",
+                 host_path="auto", pinned_alloc="host_register", register_window_bytes=None,
+                 streaming_stores=False, *, chunk_bytes=None):
         L = _lib.lib()
         opts = _lib.LoaderOptions()
         L.ferry_loader_options_init(ctypes.byref(opts))
-        if staging_bytes is not None:
-            opts.staging_bytes = int(staging_bytes)
-        if chunk_bytes is not None:
-            opts.chunk_bytes = int(chunk_bytes)
+        if slot_bytes is None:
+            slot_bytes = chunk_bytes
+        for field, value in (("staging_bytes", staging_bytes), ("slot_bytes", slot_bytes),
+                             ("register_window_bytes", register_window_bytes)):
+            if value is not None:
+                setattr(opts, field, int(value))
         opts.threads = int(threads)
         opts.verify = 1 if verify else 0
-        if io not in self._IO:
-            raise ValueError("tensorferry: io must be one of %s, got %r" % (sorted(self._IO), io))
-        opts.io = self._IO[io]
+        opts.streaming_stores = 1 if streaming_stores else 0
+        for field, value, names in (("io", io, self._IO), ("host_path", host_path, self._HOST_PATH),
+                                    ("pinned_alloc", pinned_alloc, self._PINNED)):
+            if value not in names:
+                raise ValueError("tensorferry: %s must be one of %s, got %r"
+                                 % (field, sorted(names), value))
+            setattr(opts, field, names[value])
         handle = ctypes.c_void_p()
         _lib.call("ferry_loader_create", ctypes.byref(opts), ctypes.byref(handle))
         self._handle = handle

@@ -202,16 +202,26 @@ class TensorTable(ctypes.Structure):
     ]
 
 
+class PlanItem(ctypes.Structure):
+    _fields_ = [("bytes", c_uint64), ("row_bytes", c_uint64)]
+
+
+class PlanPiece(ctypes.Structure):
+    _fields_ = [("item", c_uint32), ("segment", c_uint32), ("begin", c_uint64), ("len", c_uint64)]
+
+
 class LoaderOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
         ("staging_bytes", c_uint64),
-        ("chunk_bytes", c_uint64),
+        ("slot_bytes", c_uint64),
         ("threads", c_int32),
         ("host_path", c_int32),
         ("pinned_alloc", c_int32),
         ("verify", c_int32),
         ("io", c_int32),
+        ("register_window_bytes", c_uint64),
+        ("streaming_stores", c_int32),
     ]
 
 
@@ -444,6 +454,13 @@ def _declare(lib):
     for name in ("ferry_loader_load_packed_async", "ferry_loader_load_packed"):
         fn(name, I, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, E)
     fn("ferry_loader_load_to_host_packed", I, c_void_p, c_void_p, c_void_p, c_uint64, E)
+
+    fn("ferry_sharded_open", I, c_char_p, POINTER(ReaderOptions), POINTER(c_void_p), E)
+    fn("ferry_sharded_free", None, c_void_p)
+    fn("ferry_sharded_num_shards", c_size_t, c_void_p)
+    fn("ferry_sharded_shard", I, c_void_p, c_size_t, POINTER(c_void_p), E)
+    fn("ferry_split_plan", I, POINTER(PlanItem), c_size_t, c_int32, c_int32, POINTER(PlanPiece),
+       c_size_t, POINTER(c_size_t), E)
 
 
 def call(name, *args):

@@ -28,8 +28,8 @@ rank and costs no communication. Nothing is created on any other GPU than the cu
 (or the one `device` names).
 """
 
+import ctypes
 import hashlib
-import json
 import os
 
 import tensorferry as _tf
@@ -41,94 +41,47 @@ _ALIGN = 256
 
 
 def split_plan(items, nranks, rounds):
-    """The split of ferry::SplitPlan (distributed.hpp): items are (bytes, row_bytes) with
+    """ferry::SplitPlan (distributed.hpp), through the C API: items are (bytes, row_bytes) with
     row_bytes 0 for items that cannot be cut; returns (item, segment, begin, len) pieces, rank =
-    segment // rounds. Pure Python; the same input gives the same plan on every rank."""
-    segments = nranks * rounds
-    total = sum(b for b, _ in items)
-    cuts = [0] * (segments + 1)
-    cuts[segments] = total
-    it, start = 0, 0
-    for j in range(1, segments):
-        target = total * j // segments
-        while it < len(items) and start + items[it][0] <= target:
-            start += items[it][0]
-            it += 1
-        cut = target
-        if it < len(items):
-            n, row = items[it]
-            off = target - start
-            if row == 0 or row >= n:
-                snapped = 0 if off * 2 < n else n
-            else:
-                snapped = min((off + row // 2) // row * row, n)
-            cut = start + snapped
-        cuts[j] = max(cut, cuts[j - 1])
-    pieces = []
-    pos, seg = 0, 0
-    for i, (n, _) in enumerate(items):
-        b, e = pos, pos + n
-        while b < e:
-            while cuts[seg + 1] <= b:
-                seg += 1
-            pe = min(e, cuts[seg + 1])
-            pieces.append((i, seg, b - pos, pe - b))
-            b = pe
-        pos = e
-    return pieces
-
-
-def _plain_relative(name):
-    if not name or name.startswith("/") or "\0" in name:
-        return False
-    return all(p not in ("", ".", "..") for p in name.split("/"))
+    segment // rounds. The same input gives the same plan on every rank."""
+    citems = (_tf._lib.PlanItem * max(1, len(items)))(*[(int(b), int(r)) for b, r in items])
+    count = ctypes.c_size_t()
+    _tf._lib.call("ferry_split_plan", citems, len(items), nranks, rounds, None, 0,
+                  ctypes.byref(count))
+    pieces = (_tf._lib.PlanPiece * max(1, count.value))()
+    _tf._lib.call("ferry_split_plan", citems, len(items), nranks, rounds, pieces, count.value,
+                  ctypes.byref(count))
+    return [(p.item, p.segment, p.begin, p.len) for p in pieces[:count.value]]
 
 
 class _Checkpoint:
-    """Shards (tensorferry.Reader) and name -> shard, for one file or a sharded index."""
+    """Shards (tensorferry.Reader) and name -> shard, for one file or a sharded index (opened,
+    parsed and checked by the library)."""
 
     def __init__(self, path):
         path = os.fspath(path)
         self.path = path
         self.readers = []
         self.where = {}
-        if path.endswith(".json"):
-            with open(path, "rb") as f:
-                index = json.loads(f.read().decode("utf-8"))
-            wm = index.get("weight_map") if isinstance(index, dict) else None
-            if not isinstance(wm, dict):
-                raise _tf.DataLossError(_tf._lib.DATA_LOSS,
-                                        "%s: bad checkpoint index: no \"weight_map\" object" % path)
-            files = sorted(set(wm.values()))
-            for f in files:
-                if not isinstance(f, str) or not _plain_relative(f):
-                    raise _tf.DataLossError(
-                        _tf._lib.DATA_LOSS, "%s: bad checkpoint index: file %r is not a relative "
-                        "path inside the index's directory" % (path, f))
-            base = os.path.dirname(path) or "."
-            try:
-                for f in files:
-                    self.readers.append(_tf.Reader(os.path.join(base, f)))
-            except BaseException:
-                self.close()
-                raise
-            number = {f: i for i, f in enumerate(files)}
-            for name, f in wm.items():
-                self.where[name] = number[f]
-            for s, r in enumerate(self.readers):
-                for name in r.keys():
-                    if self.where.get(name) != s:
-                        self.close()
-                        raise _tf.DataLossError(
-                            _tf._lib.DATA_LOSS, "%s: bad checkpoint index: tensor %r of %r is "
-                            "not mapped to that file" % (path, name, files[s]))
-            if sum(len(r.keys()) for r in self.readers) != len(self.where):
-                self.close()
-                raise _tf.DataLossError(_tf._lib.DATA_LOSS, "%s: bad checkpoint index: it names "
-                                        "tensors its files do not hold" % path)
-        else:
+        if not path.endswith(".json"):
             self.readers.append(_tf.Reader(path))
             self.where = {n: 0 for n in self.readers[0].keys()}
+            return
+        handle = ctypes.c_void_p()
+        _tf._lib.call("ferry_sharded_open", _tf._path(path), None, ctypes.byref(handle))
+        L = _tf._lib.lib()
+        try:
+            for s in range(L.ferry_sharded_num_shards(handle)):
+                shard = ctypes.c_void_p()
+                _tf._lib.call("ferry_sharded_shard", handle, s, ctypes.byref(shard))
+                self.readers.append(_tf.Reader(None, _handle=shard))
+                for name in self.readers[-1].keys():
+                    self.where[name] = s
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            L.ferry_sharded_free(handle)
 
     def keys(self):
         return sorted(self.where)

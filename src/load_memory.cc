@@ -1,0 +1,133 @@
+// Destination memory of a load (src/load_memory.hpp).
+#include "load_memory.hpp"
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "cuda_util.hpp"
+#include "util.hpp"
+
+namespace ferry {
+
+namespace {
+// The description of request `rr` on `device` (-1: host), without memory yet.
+LoadedTensor Describe(const Resolved& rr, int device) {
+  LoadedTensor t;
+  t.info = rr.info;
+  t.nbytes = rr.len;
+  t.device = device;
+  t.data = rr.dst;
+  return t;
+}
+}  // namespace
+
+Status AllocateHost(const BlockSource& source, LoadPlan& plan, std::vector<LoadedTensor>* out) {
+  out->resize(plan.res.size());
+  for (size_t k = 0; k < plan.res.size(); ++k) {
+    Resolved& rr = plan.res[k];
+    LoadedTensor& t = (*out)[k] = Describe(rr, -1);
+    if (rr.dst == nullptr && rr.len > 0) {
+      void* p = std::aligned_alloc(64, AlignUp(rr.len, 64));
+      if (p == nullptr) {
+        return Error(StatusCode::kResourceExhausted, source.Where(rr.tensor), ": allocating ",
+                     rr.len, " bytes");
+      }
+      t.owner = std::shared_ptr<void>(p, std::free);
+      rr.dst = static_cast<uint8_t*>(p);
+    }
+    t.data = rr.dst;
+  }
+  return Status::Ok();
+}
+
+#ifdef FERRY_HAVE_CUDA
+
+namespace {
+
+constexpr uint64_t kDeviceAlign = 256;
+// Tensors below this size share one default allocation so their copies coalesce.
+constexpr uint64_t kArenaTensorLimit = uint64_t{1} << 20;
+constexpr uint64_t kNotInArena = UINT64_MAX;
+
+// Arena layout (default allocator only): small tensors packed in file order with 256-byte
+// alignment, which is also 64-byte staging alignment, so their copies coalesce. Returns the
+// arena's size; `offsets[k]` is request k's place in it, or kNotInArena.
+uint64_t ArenaLayout(const LoadPlan& plan, std::vector<uint64_t>* offsets) {
+  uint64_t bytes = 0;
+  offsets->assign(plan.res.size(), kNotInArena);
+  for (size_t k : plan.order) {
+    const Resolved& rr = plan.res[k];
+    if (rr.dst == nullptr && rr.len > 0 && rr.len < kArenaTensorLimit) {
+      (*offsets)[k] = bytes;
+      bytes += AlignUp(rr.len, kDeviceAlign);
+    }
+  }
+  return bytes;
+}
+
+// Memory of `bytes` from the caller's allocator, owned by the returned pointer.
+Result<std::shared_ptr<void>> FromAllocator(const BlockSource& source, const Resolved& rr,
+                                            const DeviceAllocator& alloc, cudaStream_t stream,
+                                            CUcontext ctx) {
+  void* p = alloc.allocate(rr.len, reinterpret_cast<Stream>(stream));
+  if (p == nullptr) {
+    return Error(StatusCode::kResourceExhausted, source.Where(rr.tensor),
+                 ": the allocator returned no memory for ", rr.len, " bytes");
+  }
+  auto dealloc = alloc.deallocate;
+  uint64_t n = rr.len;
+  return std::shared_ptr<void>(p, [dealloc, n, stream, ctx](void* q) {
+    ScopedContext scope(ctx);
+    if (dealloc) dealloc(q, n, reinterpret_cast<Stream>(stream));
+  });
+}
+
+}  // namespace
+
+Status AllocateDevice(const BlockSource& source, LoadPlan& plan, cudaStream_t stream,
+                      const DeviceAllocator* alloc, CUcontext ctx, int device,
+                      std::vector<LoadedTensor>* out) {
+  std::vector<uint64_t> arena_off;
+  const uint64_t arena_bytes = alloc == nullptr ? ArenaLayout(plan, &arena_off) : 0;
+  auto free_async = [ctx, stream](void* p) {
+    ScopedContext scope(ctx);
+    cudaFreeAsync(p, stream);
+  };
+  auto malloc_async = [&](uint64_t bytes,
+                          const std::string& where) -> Result<std::shared_ptr<void>> {
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, bytes, stream);
+    if (err != cudaSuccess) return CudaStatus(err, where, "cudaMallocAsync");
+    return std::shared_ptr<void>(p, free_async);
+  };
+  std::shared_ptr<void> arena;
+  if (arena_bytes > 0) {
+    FERRY_ASSIGN_OR_RETURN(arena, malloc_async(arena_bytes, source.path()));
+  }
+  out->resize(plan.res.size());
+  for (size_t k = 0; k < plan.res.size(); ++k) {
+    Resolved& rr = plan.res[k];
+    LoadedTensor& t = (*out)[k] = Describe(rr, device);
+    rr.alloc_id = k + 2;
+    if (rr.dst == nullptr && rr.len > 0) {
+      if (alloc == nullptr && arena_off[k] != kNotInArena) {
+        rr.dst = static_cast<uint8_t*>(arena.get()) + arena_off[k];
+        rr.alloc_id = 1;
+        t.owner = std::shared_ptr<void>(arena, rr.dst);
+      } else if (alloc != nullptr) {
+        FERRY_ASSIGN_OR_RETURN(t.owner, FromAllocator(source, rr, *alloc, stream, ctx));
+      } else {
+        FERRY_ASSIGN_OR_RETURN(t.owner, malloc_async(rr.len, source.Where(rr.tensor)));
+      }
+      if (rr.alloc_id != 1) rr.dst = static_cast<uint8_t*>(t.owner.get());
+    }
+    t.data = rr.dst;
+  }
+  return Status::Ok();
+}
+
+#endif  // FERRY_HAVE_CUDA
+
+}  // namespace ferry
