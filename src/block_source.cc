@@ -9,6 +9,7 @@
 
 #include "codec.hpp"
 #include "footer.hpp"
+#include "planes.hpp"
 #include "util.hpp"
 
 namespace ferry {
@@ -132,6 +133,7 @@ StoredBlock BlockSource::Block(size_t i, uint64_t b) const {
   s.file_offset = t->data_offset() + ch->offset();
   s.stored_size = ch->stored_size();
   s.compressed = ch->codec() == fb::ChunkCodec::ZSTD;
+  s.planes = ch->codec() == fb::ChunkCodec::PLANES;
   return s;
 }
 
@@ -199,11 +201,14 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
   const StoredBlock s = Block(i, b);
   const size_t width = ShuffleWidth(static_cast<DType>(t->dtype()));
   const bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD && width > 1;
-  auto decode = [&](uint8_t* out) -> Status {
+  // A PLANES block decodes through a second block-sized buffer (`work`).
+  auto decode = [&](uint8_t* out, uint8_t* work) -> Status {
     // `src` is in the mapping, or in a buffer a direct read filled (the guard is then idle).
     Status st;
     bool read = mapping_->Guard([&] {
-      if (!s.compressed) {
+      if (s.planes) {
+        st = planes::Decode(src, s.stored_size, out, s.raw_size, work);
+      } else if (!s.compressed) {
         std::memcpy(out, src, s.raw_size);
       } else {
         st = ZstdDecompressExact(src, s.stored_size, out, s.raw_size);
@@ -211,13 +216,13 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
     });
     if (!read) return Shrank(i, s.file_offset);
     if (!st.ok()) {
-      return Error(StatusCode::kDataLoss, Where(i), ": chunk ", b, " at file offset ",
-                   s.file_offset, ": ", st.message());
+      return Error(StatusCode::kDataLoss, Where(i), s.planes ? ": block " : ": chunk ", b,
+                   " at file offset ", s.file_offset, ": ", st.message());
     }
     return Status::Ok();
   };
-  if (lo == 0 && hi == s.raw_size && !shuffled) {  // straight into the destination
-    FERRY_RETURN_IF_ERROR(decode(dst));
+  if (lo == 0 && hi == s.raw_size && !shuffled && !s.planes) {  // straight into the destination
+    FERRY_RETURN_IF_ERROR(decode(dst, nullptr));
     return verify ? CheckSum(i, b, dst) : Status::Ok();
   }
   // One block-sized buffer holding the block as stored (still shuffled): the bytes wanted are
@@ -228,13 +233,15 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
     DecodeScratch& scratch;
     ~Release() { scratch.Release(); }
   } release{scratch};
-  auto got = scratch.Get(s.raw_size);
+  // One lease for both of a PLANES block's buffers: two leases per thread could deadlock the
+  // shared budget.
+  auto got = scratch.Get(s.planes ? 2 * s.raw_size : s.raw_size);
   if (!got.ok()) {
     return Error(got.status().code(), Where(i), ": decoding block ", b, ": ",
                  got.status().message());
   }
   uint8_t* buf = *got;
-  FERRY_RETURN_IF_ERROR(decode(buf));
+  FERRY_RETURN_IF_ERROR(decode(buf, s.planes ? buf + s.raw_size : nullptr));
   if (verify && has_checksums()) {
     FERRY_RETURN_IF_ERROR(CompareSum(
         i, b,

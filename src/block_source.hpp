@@ -45,6 +45,7 @@ struct StoredBlock {
   uint64_t raw_offset = 0;  // of its raw bytes within the tensor
   uint64_t raw_size = 0;
   bool compressed = false;  // a zstd frame; otherwise the raw bytes themselves
+  bool planes = false;      // a PLANES block (docs/PLANES.md); `compressed` is then false
 };
 
 // How a read reaches the file and what it does with the bytes.

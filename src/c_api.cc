@@ -33,6 +33,7 @@ static_assert(FERRY_DATA_LOSS == static_cast<int>(ferry::StatusCode::kDataLoss))
 static_assert(FERRY_NUM_DTYPES == ferry::kNumDTypes);
 static_assert(FERRY_DTYPE_F4_E2M1FN == static_cast<int>(ferry::DType::kF4_E2M1FN));
 static_assert(FERRY_ENCODING_SHUFFLE_ZSTD == static_cast<int>(ferry::Encoding::kShuffleZstd));
+static_assert(FERRY_ENCODING_PLANES == static_cast<int>(ferry::Encoding::kPlanes));
 
 struct ferry_writer_t {
   explicit ferry_writer_t(ferry::Writer w) : writer(std::move(w)) {}
@@ -228,7 +229,7 @@ bool FromDl(DLDataType type, ferry::DType* out) {
 }
 
 int CheckEncoding(int32_t encoding, const char* function, ferry_error_t* error) {
-  if (encoding < FERRY_ENCODING_DEFAULT || encoding > FERRY_ENCODING_SHUFFLE_ZSTD) {
+  if (encoding < FERRY_ENCODING_DEFAULT || encoding > FERRY_ENCODING_PLANES) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
                 ferry::StrCat(function, ": unknown encoding ", encoding));
   }
@@ -881,7 +882,7 @@ int ToWriterOptions(const char* path, const ferry_writer_options_t* options, con
   if (rc != FERRY_OK) return rc;
   if (FERRY_C_HAS(options, block_size)) o->block_size = options->block_size;
   if (FERRY_C_HAS(options, encoding)) {
-    if (options->encoding < FERRY_ENCODING_RAW || options->encoding > FERRY_ENCODING_SHUFFLE_ZSTD) {
+    if (options->encoding < FERRY_ENCODING_RAW || options->encoding > FERRY_ENCODING_PLANES) {
       return Fail(error, FERRY_INVALID_ARGUMENT,
                   ferry::StrCat(path, ": unknown default encoding ", options->encoding));
     }
@@ -898,6 +899,16 @@ int ToWriterOptions(const char* path, const ferry_writer_options_t* options, con
     o->staging = options->staging->pool;
   }
   if (FERRY_C_HAS(options, direct_io)) o->direct_io = options->direct_io != 0;
+  if (FERRY_C_HAS(options, progress) && options->progress != nullptr) {
+    auto* fn = options->progress;
+    void* user = FERRY_C_HAS(options, progress_user) ? options->progress_user : nullptr;
+    o->progress = [fn, user](uint64_t done) -> Status {
+      const int32_t rc = fn(user, done);
+      if (rc == 0) return Status::Ok();
+      return Error(StatusCode::kIoError, "the progress callback stopped the save (it returned ", rc,
+                   ")");
+    };
+  }
   return FERRY_OK;
 }
 }  // namespace

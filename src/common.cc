@@ -119,6 +119,8 @@ const char* EncodingName(Encoding encoding) {
       return "zstd";
     case Encoding::kShuffleZstd:
       return "shuffle+zstd";
+    case Encoding::kPlanes:
+      return "planes";
   }
   return "?";
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "ferry_generated.h"
 #include "util.hpp"
 
 namespace ferry {
@@ -171,12 +172,23 @@ std::vector<Piece> MakePieces(const LoadPlan& plan, uint64_t max_piece) {
   return pieces;
 }
 
+bool DevicePlanesPiece(const BlockSource& source, size_t i, uint64_t begin, uint64_t len) {
+  if (len == 0 || source.at(i)->encoding() != fb::Encoding::PLANES) return false;
+  const uint64_t bs = source.at(i)->block_size();
+  if (begin % bs != 0) return false;
+  const StoredBlock s = source.Block(i, begin / bs);
+  return s.planes && s.raw_size == len;
+}
+
 DevicePlan PlanDevice(const LoadPlan& plan, const DeviceRoute& route) {
   DevicePlan out;
-  std::vector<Piece> cold_raw;
+  std::vector<Piece> cold_raw, planes;
   for (const Piece& p : MakePieces(plan, route.slot_bytes)) {
     bool raw = plan.res[p.r].info.encoding == Encoding::kRaw;
-    if (route.from_mapping && raw) {
+    if (route.planes_source != nullptr &&
+        DevicePlanesPiece(*route.planes_source, plan.res[p.r].tensor, p.begin, p.len)) {
+      planes.push_back(p);
+    } else if (route.from_mapping && raw) {
       out.mapped.push_back(p);
     } else if (route.cold && raw) {
       cold_raw.push_back(p);
@@ -191,6 +203,27 @@ DevicePlan PlanDevice(const LoadPlan& plan, const DeviceRoute& route) {
   AppendDirectBatches(out.staged, nfill, static_cast<uint32_t>(out.staged.size()), plan.res,
                       route.slot_bytes + kSlotSlack, &out.batches);
   out.groups = MakeGroups(out.mapped, plan.res, route.windows, route.window_bytes);
+  // PLANES batches, packed by stored size at the decoder's 256-byte source alignment.
+  out.planes_first = static_cast<uint32_t>(out.staged.size());
+  out.staged.insert(out.staged.end(), planes.begin(), planes.end());
+  uint64_t used = 0;
+  const uint64_t cap = route.slot_bytes + kSlotSlack;
+  for (uint32_t i = out.planes_first; i < out.staged.size(); ++i) {
+    Piece& p = out.staged[i];
+    const uint64_t bs = route.planes_source->at(plan.res[p.r].tensor)->block_size();
+    const uint64_t need =
+        AlignUp(route.planes_source->Block(plan.res[p.r].tensor, p.begin / bs).stored_size, 256);
+    if (i == out.planes_first || used + need > cap) {
+      Batch b{i, i + 1};
+      b.planes = true;
+      out.batches.push_back(b);
+      used = 0;
+    } else {
+      out.batches.back().last = i + 1;
+    }
+    p.soff = used;
+    used += need;
+  }
   return out;
 }
 

@@ -65,6 +65,9 @@ struct Batch {
   // the slot; each piece then sits at its file offset minus span_begin.
   bool direct = false;
   uint64_t span_begin = 0, span_len = 0;
+  // Whole PLANES blocks whose stored bytes go to the device, which expands them; each piece's
+  // stored bytes sit at its soff (256-byte aligned).
+  bool planes = false;
 };
 
 // Pieces copied straight from the mapping, with the page range to register around them
@@ -81,16 +84,26 @@ struct DeviceRoute {
   bool cold = false;          // read with O_DIRECT into the ring
   uint64_t slot_bytes = 0;
   uint64_t window_bytes = 0;
+  // Set when the device decodes PLANES blocks: whole PLANES-coded blocks of this source then
+  // travel compressed, in their own batches, after every other batch.
+  const BlockSource* planes_source = nullptr;
 };
 
 // A device load's pieces by route: `mapped` in `groups` (DMA from the mapping); `staged` in
-// `batches` (filled into ring slots by the CPU, or by one direct read per batch).
+// `batches` (filled into ring slots by the CPU, or by one direct read per batch); PLANES
+// pieces for the device are staged[planes_first, end), in the last batches.
 struct DevicePlan {
   std::vector<Piece> mapped;
   std::vector<Group> groups;
   std::vector<Piece> staged;
   std::vector<Batch> batches;
+  uint32_t planes_first = 0;
+  uint32_t planes_count() const { return static_cast<uint32_t>(staged.size()) - planes_first; }
 };
+
+// Whole PLANES-coded block b of tensor i: the piece [begin, begin + len) of a PLANES tensor
+// covers exactly one block stored with ChunkCodec PLANES.
+bool DevicePlanesPiece(const BlockSource& source, size_t i, uint64_t begin, uint64_t len);
 DevicePlan PlanDevice(const LoadPlan& plan, const DeviceRoute& route);
 
 }  // namespace ferry

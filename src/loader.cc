@@ -10,14 +10,18 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
 #include "block_source.hpp"
 #include "cuda_util.hpp"
+#include "ferry_generated.h"
 #include "handover.hpp"
 #include "load_memory.hpp"
 #include "load_plan.hpp"
+#include "planes.hpp"
+#include "planes_stage.hpp"
 #include "staging_ring.hpp"
 #include "util.hpp"
 #include "worker_pool.hpp"
@@ -82,6 +86,10 @@ struct DeviceJob {
   Handover* handover;  // streaming loads: told of every piece enqueued (else null)
   FirstError error;
   std::atomic<uint64_t> next_group{0}, next_batch{0}, copies{0};
+#ifdef FERRY_HAVE_CUDA_KERNELS
+  PlanesStage* planes = nullptr;  // device twins of the ring's slots
+  uint64_t num_slots = 0;
+#endif
 };
 
 // One worker's registered window of the mapping (HostPath::kRegisterWindows): registered
@@ -224,6 +232,67 @@ Status CopySlot(DeviceJob& job, const Batch& b, const uint8_t* slot) {
   return Status::Ok();
 }
 
+#ifdef FERRY_HAVE_CUDA_KERNELS
+// A batch of whole PLANES blocks: their stored bytes are copied into the slot (from the
+// mapping: hot or cold, the page cache serves them), their headers and tables checked here,
+// then sent to the slot's device twin and expanded into their destinations on the stream.
+Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
+  const std::vector<Piece>& pieces = job.pieces.staged;
+  const BlockSource& source = job.source;
+  std::vector<PlanesStaged> blocks;
+  blocks.reserve(b.last - b.first);
+  uint64_t used = 0;
+  for (uint32_t i = b.first; i < b.last; ++i) {
+    const Piece& p = pieces[i];
+    const Resolved& rr = job.plan.res[p.r];
+    const uint64_t blk = p.begin / source.at(rr.tensor)->block_size();
+    const StoredBlock s = source.Block(rr.tensor, blk);
+    uint8_t* dst = slot + p.soff;
+    const uint8_t* from = source.mapping()->data() + s.file_offset;
+    if (!source.mapping()->Guard([&] { std::memcpy(dst, from, s.stored_size); })) {
+      return Error(StatusCode::kDataLoss, source.Where(rr.tensor),
+                   ": the file shrank after it was opened; the read at file offset ", s.file_offset,
+                   " faulted");
+    }
+    PlanesStaged staged;
+    Status st = planes::Parse(dst, s.stored_size, s.raw_size, &staged.layout);
+    if (!st.ok()) {
+      return Error(StatusCode::kDataLoss, source.Where(rr.tensor), ": block ", blk,
+                   " at file offset ", s.file_offset, ": ", st.message());
+    }
+    staged.soff = p.soff;
+    staged.dst = rr.dst + p.dst_off;
+    staged.error_index = i - job.pieces.planes_first;
+    blocks.push_back(staged);
+    used = p.soff + s.stored_size;
+  }
+  job.copies.fetch_add(1, std::memory_order_relaxed);
+  return job.planes->Enqueue(k % job.num_slots, slot, used, blocks, job.planes->device_errors(),
+                             job.stream, source.path());
+}
+#endif
+
+#ifdef FERRY_HAVE_CUDA_KERNELS
+// A corrupt unit shows up only once the decode has run: waits for it, so the load reports
+// DataLoss naming the tensor and block instead of handing out garbage.
+Status PlanesErrors(PlanesStage& stage, const BlockSource& source, const LoadPlan& plan,
+                    const DevicePlan& pieces, cudaStream_t stream) {
+  const uint32_t n = pieces.planes_count();
+  std::vector<uint32_t> errors(n);
+  FERRY_RETURN_IF_ERROR(stage.FetchErrors(stream, &errors, source.path()));
+  for (uint32_t i = 0; i < n; ++i) {
+    if (errors[i] == 0) continue;
+    const Piece& p = pieces.staged[pieces.planes_first + i];
+    const size_t t = plan.res[p.r].tensor;
+    const uint64_t blk = p.begin / source.at(t)->block_size();
+    return Error(StatusCode::kDataLoss, source.Where(t), ": block ", blk, " at file offset ",
+                 source.Block(t, blk).file_offset, ": ", planes::DeviceErrorText(errors[i]),
+                 " (decoded on the GPU)");
+  }
+  return Status::Ok();
+}
+#endif
+
 // A worker's second phase: batches through the ring, taken in turn, until none is left.
 void CopyStaged(DeviceJob& job, StagingRing& ring) {
   for (;;) {
@@ -233,8 +302,15 @@ void CopyStaged(DeviceJob& job, StagingRing& ring) {
     Status st = ring.Acquire(k, &slot);
     if (st.ok() && slot == nullptr) return;  // the load failed elsewhere
     const Batch& b = job.pieces.batches[k];
-    if (st.ok()) st = FillSlot(job, b, slot);
-    if (st.ok()) st = CopySlot(job, b, slot);
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    if (b.planes) {
+      if (st.ok()) st = StagePlanes(job, b, k, slot);
+    } else
+#endif
+    {
+      if (st.ok()) st = FillSlot(job, b, slot);
+      if (st.ok()) st = CopySlot(job, b, slot);
+    }
     if (st.ok()) st = ring.Record(k, job.stream);
     for (uint32_t i = b.first; st.ok() && job.handover != nullptr && i < b.last; ++i) {
       st = job.handover->PieceDone(job.pieces.staged[i].r);
@@ -268,8 +344,14 @@ class Loader::Impl {
   std::shared_ptr<const Mapping> registered;  // mapping registered for direct DMA
   // The mapping of the last device load: a load from any other is a one-shot load.
   std::weak_ptr<const Mapping> loaded_mapping;
+#ifdef FERRY_HAVE_CUDA_KERNELS
+  PlanesStage planes_stage;  // device twins of the ring slots, for PLANES blocks
+#endif
 
   ~Impl() {
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    planes_stage.Release();
+#endif
     if (ctx != nullptr) {
       ScopedContext scope(ctx);
       Unregister();
@@ -403,7 +485,20 @@ class Loader::Impl {
     // keep the page-cache path.
     const DirectFile direct = OpenDirect(source, plan, options.io);
     FERRY_ASSIGN_OR_RETURN(DeviceRoute route, Route(source, direct.is_open()));
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    // Checksums are computed on the host, so verified loads decode PLANES blocks there; so do
+    // streaming loads, which hand tensors out before a GPU decode's errors are known.
+    if (!options.verify && on_ready == nullptr) route.planes_source = &source;
+#endif
     const DevicePlan pieces = PlanDevice(plan, route);
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    const uint32_t nplanes = pieces.planes_count();
+    if (nplanes > 0) {
+      FERRY_RETURN_IF_ERROR(planes_stage.Prepare(current, ring->num_slots(),
+                                                 options.slot_bytes + kSlotSlack, source.path()));
+      FERRY_RETURN_IF_ERROR(planes_stage.StartLoad(nplanes, cstream, source.path()));
+    }
+#endif
     // One-shot load: the first from this mapping. Its resident raw bytes are read with pread
     // (no page faults on a mapping used once) by more workers; repeated loads of one file
     // copy from the mapping they have already faulted in.
@@ -425,7 +520,16 @@ class Loader::Impl {
                   pread_fd, handover.get()};
     const int active =
         explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size(), one_shot);
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    if (nplanes > 0) {
+      job.planes = &planes_stage;
+      job.num_slots = ring->num_slots();
+    }
+#endif
     Status ran = RunDevice(job, current, dev, active);
+#ifdef FERRY_HAVE_CUDA_KERNELS
+    if (ran.ok() && nplanes > 0) ran = PlanesErrors(planes_stage, source, plan, pieces, cstream);
+#endif
     if (handover) {
       Status handed = handover->Finish();
       if (ran.ok()) ran = std::move(handed);

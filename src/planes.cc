@@ -113,6 +113,63 @@ struct Table {
   uint16_t entry[1 << kMaxCodeLength];
 };
 
+// Decoder state of one stream after its symbols: what the end-of-stream checks look at.
+struct StreamEnd {
+  const uint8_t* w;
+  uint64_t buf;
+  int nb;
+  uint32_t bad;
+};
+
+// Decodes K streams of `nsym` symbols each in lockstep: their table lookups are independent,
+// so the CPU overlaps K dependency chains instead of waiting on one. Before each pair of codes
+// a stream holds at least 32 bits unless its words ran out; a stream that ends early drives
+// its bit count negative, and a code no symbol has marks it bad (both checked afterwards).
+template <int K>
+inline void DecodeLockstep(const uint8_t* const* start, const uint8_t* const* wend,
+                           uint8_t* const* out, uint32_t nsym, const uint16_t* table, uint32_t mask,
+                           StreamEnd* end) {
+  uint64_t buf[K];
+  int nb[K];
+  const uint8_t* w[K];
+  uint32_t bad[K];
+  for (int k = 0; k < K; ++k) buf[k] = 0, nb[k] = 0, w[k] = start[k], bad[k] = 0;
+  uint32_t i = 0;
+  for (; i + 2 <= nsym; i += 2) {
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) {
+      if (nb[k] < 32 && w[k] < wend[k]) {
+        buf[k] |= uint64_t{Load32(w[k])} << nb[k];
+        w[k] += 4;
+        nb[k] += 32;
+      }
+      const uint32_t e0 = table[buf[k] & mask], l0 = e0 & 15;
+      buf[k] >>= l0;
+      const uint32_t e1 = table[buf[k] & mask], l1 = e1 & 15;
+      buf[k] >>= l1;
+      nb[k] -= static_cast<int>(l0 + l1);
+      bad[k] |= (l0 == 0) | (l1 == 0);
+      out[k][i] = static_cast<uint8_t>(e0 >> 4);
+      out[k][i + 1] = static_cast<uint8_t>(e1 >> 4);
+    }
+  }
+  if (i < nsym) {
+    for (int k = 0; k < K; ++k) {
+      if (nb[k] < 32 && w[k] < wend[k]) {
+        buf[k] |= uint64_t{Load32(w[k])} << nb[k];
+        w[k] += 4;
+        nb[k] += 32;
+      }
+      const uint32_t e = table[buf[k] & mask], l = e & 15;
+      buf[k] >>= l;
+      nb[k] -= static_cast<int>(l);
+      bad[k] |= l == 0;
+      out[k][i] = static_cast<uint8_t>(e >> 4);
+    }
+  }
+  for (int k = 0; k < K; ++k) end[k] = StreamEnd{w[k], buf[k], nb[k], bad[k]};
+}
+
 Status DecodeUnitStreams(const uint8_t* unit, uint32_t usize, const uint16_t* table, int max_len,
                          uint32_t first, uint32_t count, uint32_t sps, uint8_t* out, uint32_t u,
                          uint32_t k) {
@@ -127,63 +184,39 @@ Status DecodeUnitStreams(const uint8_t* unit, uint32_t usize, const uint16_t* ta
                  " bytes, the unit ", usize);
   }
   const uint32_t mask = (1u << max_len) - 1;
+  const uint8_t* start[kStreamsPerUnit];
+  const uint8_t* wend[kStreamsPerUnit];
+  uint8_t* o[kStreamsPerUnit];
+  uint32_t nsym[kStreamsPerUnit];
   const uint8_t* p = unit + kStreamsPerUnit;
   for (uint32_t t = 0; t < kStreamsPerUnit; ++t) {
-    const uint32_t nw = unit[t];
     const uint64_t s0 = uint64_t{first} + uint64_t{t} * sps;
-    const uint32_t nsym =
-        s0 >= count ? 0 : static_cast<uint32_t>(std::min<uint64_t>(sps, count - s0));
-    const uint8_t* w = p;
-    const uint8_t* wend = p + 4 * nw;
-    p = wend;
-    uint8_t* o = out + (nsym ? s0 : 0);
-    uint64_t buf = 0;
-    int nb = 0;
-    uint32_t i = 0;
-    uint32_t bad = 0;
-    // Fast part: while whole words remain, keep at least 32 bits buffered and take two codes
-    // (at most 22 bits) per refill.
-    while (i + 2 <= nsym && w < wend) {
-      if (nb < 32) {
-        buf |= uint64_t{Load32(w)} << nb;
-        w += 4;
-        nb += 32;
-      }
-      uint16_t e0 = table[buf & mask];
-      bad |= (e0 & 15) == 0;
-      buf >>= (e0 & 15);
-      uint16_t e1 = table[buf & mask];
-      bad |= (e1 & 15) == 0;
-      buf >>= (e1 & 15);
-      nb -= (e0 & 15) + (e1 & 15);
-      o[i] = static_cast<uint8_t>(e0 >> 4);
-      o[i + 1] = static_cast<uint8_t>(e1 >> 4);
-      i += 2;
+    nsym[t] = s0 >= count ? 0 : static_cast<uint32_t>(std::min<uint64_t>(sps, count - s0));
+    start[t] = p;
+    p += 4 * unit[t];
+    wend[t] = p;
+    o[t] = out + (nsym[t] ? s0 : 0);
+  }
+  StreamEnd end[kStreamsPerUnit];
+  for (uint32_t t = 0; t < kStreamsPerUnit;) {
+    if (t + 4 <= kStreamsPerUnit && nsym[t] == nsym[t + 3]) {  // nsym never increases with t
+      DecodeLockstep<4>(start + t, wend + t, o + t, nsym[t], table, mask, end + t);
+      t += 4;
+    } else {
+      DecodeLockstep<1>(start + t, wend + t, o + t, nsym[t], table, mask, end + t);
+      t += 1;
     }
-    for (; !bad && i < nsym; ++i) {
-      if (nb < 32 && w < wend) {
-        buf |= uint64_t{Load32(w)} << nb;
-        w += 4;
-        nb += 32;
-      }
-      uint16_t e = table[buf & mask];
-      int len = e & 15;
-      if (len == 0 || len > nb) {
-        bad = 1;
-        break;
-      }
-      buf >>= len;
-      nb -= len;
-      o[i] = static_cast<uint8_t>(e >> 4);
-    }
-    if (bad || nb < 0) {
+  }
+  for (uint32_t t = 0; t < kStreamsPerUnit; ++t) {
+    const StreamEnd& e = end[t];
+    if (e.bad || e.nb < 0) {
       return Error(StatusCode::kDataLoss, "unit ", u, " of plane ", k, ", stream ", t,
                    ": invalid code or stream ends early");
     }
     // Exactly the words the codes need, and zero padding after the last code.
-    if (w != wend || buf != 0 || nb >= 32 || (nsym == 0 && nw != 0)) {
+    if (e.w != wend[t] || e.buf != 0 || e.nb >= 32 || (nsym[t] == 0 && unit[t] != 0)) {
       return Error(StatusCode::kDataLoss, "unit ", u, " of plane ", k, ", stream ", t,
-                   ": stream length or padding does not match its ", nsym, " codes");
+                   ": stream length or padding does not match its ", nsym[t], " codes");
     }
   }
   return Status::Ok();

@@ -9,6 +9,7 @@
 
 #include "block_source.hpp"
 #include "codec.hpp"
+#include "planes.hpp"
 #include "footer.hpp"
 #include "format.hpp"
 #include "safetensors.hpp"
@@ -143,7 +144,9 @@ struct Validator {
         if (nchunks != 0) return Fail(StrCat(where, ": raw tensor with a chunk table"));
         break;
       case fb::Encoding::ZSTD:
-      case fb::Encoding::SHUFFLE_ZSTD: {
+      case fb::Encoding::SHUFFLE_ZSTD:
+      case fb::Encoding::PLANES: {
+        const bool planes_tensor = t->encoding() == fb::Encoding::PLANES;
         if (nchunks != nblocks) {
           return Fail(StrCat(where, ": ", nchunks, " chunks for ", nblocks, " blocks"));
         }
@@ -164,6 +167,15 @@ struct Validator {
             if (ch->stored_size() != raw) {
               return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
                                  " bytes for a ", raw, "-byte block"));
+            }
+          } else if (planes_tensor || ch->codec() == fb::ChunkCodec::PLANES) {
+            // PLANES chunks belong to PLANES tensors, which hold nothing else but STORED.
+            if (!planes_tensor || ch->codec() != fb::ChunkCodec::PLANES ||
+                ch->stored_size() < planes::kHeaderSize || ch->stored_size() > planes::Bound(raw)) {
+              return Fail(StrCat(where, ": chunk ", c, " (codec ", static_cast<int>(ch->codec()),
+                                 ", ", ch->stored_size(), " bytes) impossible in a ",
+                                 EncodingName(static_cast<Encoding>(t->encoding())), " tensor's ",
+                                 raw, "-byte block"));
             }
           } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
             if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {

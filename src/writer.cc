@@ -28,6 +28,7 @@
 #include "ferry_generated.h"
 #include "format.hpp"
 #include "io.hpp"
+#include "planes.hpp"
 #include "staging_pool.hpp"
 #include "util.hpp"
 
@@ -76,6 +77,7 @@ struct Block {
   State state = State::kQueued;
   uint64_t checksum = 0;
   bool compressed = false;
+  uint8_t codec = 0;  // fb::ChunkCodec when compressed
   size_t stored = 0;
   const uint8_t* data = nullptr;  // the stored bytes: `raw` or `out`
   std::unique_ptr<std::vector<uint8_t>> out;
@@ -312,7 +314,9 @@ class Writer::Impl {
   Status error;
   std::vector<std::unique_ptr<std::vector<uint8_t>>> free_bufs;
   std::vector<std::thread> workers;
-  uint64_t window = 8;  // blocks encoded ahead of the sequencer, at most
+  uint64_t window = 8;         // blocks encoded ahead of the sequencer, at most
+  std::mutex progress_mu;      // one options.progress call at a time, outside mu
+  uint64_t progress_done = 0;  // guarded by progress_mu
 
 #ifdef FERRY_HAVE_CUDA
   CUcontext ctx = nullptr;  // of the device tensors (captured at the first one)
@@ -347,6 +351,12 @@ class Writer::Impl {
       if (sink) sink->Cancel(st);
       error = std::move(st);
     }
+  }
+
+  Status Report(uint64_t n) {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    progress_done += n;
+    return options.progress(progress_done);
   }
 
   Status PipelineStatus() {
@@ -436,6 +446,7 @@ class Writer::Impl {
         } else if (!skip && b->stored > 0) {
           st = file.PWriteAll(b->data, b->stored, b->offset);
         }
+        if (!skip && st.ok() && options.progress) st = Report(b->n);
         if (b->pool != nullptr) b->pool->Release(b->piece);
         lock.lock();
         if (!st.ok()) Fail(std::move(st));
@@ -508,6 +519,8 @@ class Writer::Impl {
     if (b.rec->encoding == Encoding::kRaw) return Status::Ok();
     const uint8_t* input = b.raw;
     size_t width = ShuffleWidth(b.rec->dtype);
+    if (b.rec->encoding == Encoding::kPlanes) return EncodePlanes(b, std::move(out), scratch);
+    b.codec = static_cast<uint8_t>(fb::ChunkCodec::ZSTD);
     if (b.rec->encoding == Encoding::kShuffleZstd && width > 1) {
       if (scratch.size() < b.n) scratch.resize(b.n);
       Shuffle(b.raw, scratch.data(), b.n, width);
@@ -537,6 +550,24 @@ class Writer::Impl {
     return Status::Ok();
   }
 
+  // Planes blocks that do not pay are stored raw and unshuffled: the loader then copies them
+  // like raw data, straight from `raw`.
+  Status EncodePlanes(Block& b, std::unique_ptr<std::vector<uint8_t>> out,
+                      std::vector<uint8_t>& scratch) {
+    if (scratch.size() < b.n) scratch.resize(b.n);
+    const size_t bound = planes::Bound(b.n);
+    if (out->size() < bound) out->resize(bound);
+    const size_t n = planes::Encode(b.raw, b.n, ShuffleWidth(b.rec->dtype), out->data(),
+                                    scratch.data(), options.min_savings);
+    b.codec = static_cast<uint8_t>(fb::ChunkCodec::PLANES);
+    b.compressed = n > 0;
+    if (!b.compressed) return Status::Ok();
+    b.stored = n;
+    b.data = out->data();
+    b.out = std::move(out);
+    return Status::Ok();
+  }
+
   // Gives offsets to the encoded blocks at the head of the sequence, in block order (the
   // file layout is the same as a one-thread writer's). Called with mu held.
   void Sequence() {
@@ -554,9 +585,9 @@ class Writer::Impl {
         b.pad = pos - end;
         if (b.n > 0) r.checksums.push_back(b.checksum);
         if (r.encoding != Encoding::kRaw && b.n > 0) {
-          r.chunks.push_back(ChunkRecord{
-              pos - r.data_offset, b.stored,
-              static_cast<uint8_t>(b.compressed ? fb::ChunkCodec::ZSTD : fb::ChunkCodec::STORED)});
+          r.chunks.push_back(
+              ChunkRecord{pos - r.data_offset, b.stored,
+                          b.compressed ? b.codec : static_cast<uint8_t>(fb::ChunkCodec::STORED)});
         }
         pos += b.stored;
         if (b.last) {
@@ -684,7 +715,7 @@ class Writer::Impl {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name), ": unknown dtype ",
                    static_cast<int>(dtype));
     }
-    if (static_cast<uint8_t>(encoding) > 2) {
+    if (static_cast<uint8_t>(encoding) > 3) {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(name),
                    ": unknown encoding ", static_cast<int>(encoding));
     }
@@ -1045,7 +1076,7 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
                  " must be a power of two in [", format::kMinBlockSize, ", ", format::kMaxBlockSize,
                  "]");
   }
-  if (static_cast<uint8_t>(options.encoding) > 2) {
+  if (static_cast<uint8_t>(options.encoding) > 3) {
     return Error(StatusCode::kInvalidArgument, path, ": unknown encoding ",
                  static_cast<int>(options.encoding));
   }

@@ -657,8 +657,11 @@ TEST_F(CorruptionTest, UnknownEnums) {
   spec.tensor("b").dtype = 255;
   ExpectRejected(spec, "unknown dtype 255");
   spec = BaselineSpec();
-  spec.tensor("c").encoding = 3;
-  ExpectRejected(spec, "tensor #2 'c': unknown encoding 3");
+  spec.tensor("c").encoding = 4;
+  ExpectRejected(spec, "tensor #2 'c': unknown encoding 4");
+  spec = BaselineSpec();
+  spec.tensor("c").encoding = 3;  // PLANES holds only PLANES and STORED chunks
+  ExpectRejected(spec, "tensor #2 'c': chunk 0 (codec 1, 55 bytes) impossible in a planes tensor");
   spec = BaselineSpec();
   spec.checksum_algo = 1;
   ExpectRejected(spec, "unknown checksum algorithm 1");

@@ -56,7 +56,8 @@ std::shared_ptr<Reader> OpenOrDie(const std::string& path, ReaderOptions options
 
 TEST(FormatTest, RoundTripEveryDTypeAndEncoding) {
   TempDir dir;
-  for (Encoding enc : {Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd}) {
+  for (Encoding enc :
+       {Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd, Encoding::kPlanes}) {
     std::string path = dir.File(std::string("all_") + EncodingName(enc) + ".ferry");
     std::vector<std::vector<uint8_t>> data;
     {
@@ -680,11 +681,13 @@ TEST_P(RowsTest, ReadRowsInto) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, RowsTest,
-                         ::testing::Values(Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd),
+                         ::testing::Values(Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd,
+                                           Encoding::kPlanes),
                          [](const auto& info) {
-                           return std::string(info.param == Encoding::kRaw    ? "Raw"
-                                              : info.param == Encoding::kZstd ? "Zstd"
-                                                                              : "ShuffleZstd");
+                           return std::string(info.param == Encoding::kRaw      ? "Raw"
+                                              : info.param == Encoding::kZstd   ? "Zstd"
+                                              : info.param == Encoding::kPlanes ? "Planes"
+                                                                                : "ShuffleZstd");
                          });
 
 TEST(FormatTest, ReadIntoChecksDestination) {

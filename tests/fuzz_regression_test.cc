@@ -33,7 +33,7 @@ const Target kTargets[] = {
     {"chunk", fuzz::FuzzChunk},        {"safetensors", fuzz::FuzzSafetensors},
     {"unpickle", fuzz::FuzzUnpickle},  {"index", fuzz::FuzzIndex},
     {"fp8_json", fuzz::FuzzFp8Json},   {"describe", fuzz::FuzzDescribe},
-    {"c_strings", fuzz::FuzzCStrings},
+    {"c_strings", fuzz::FuzzCStrings}, {"planes", fuzz::FuzzPlanes},
 };
 
 std::vector<fs::path> Inputs(const fs::path& dir) {

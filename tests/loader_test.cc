@@ -34,7 +34,8 @@ class LoaderTest : public ::testing::Test {
     auto w = Writer::Create(path_, wo);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     uint64_t seed = 1;
-    for (Encoding enc : {Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd}) {
+    for (Encoding enc :
+         {Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd, Encoding::kPlanes}) {
       for (int d = 0; d < kNumDTypes; ++d) {
         auto dtype = static_cast<DType>(d);
         std::vector<int64_t> shape = {37, 129};
@@ -43,6 +44,7 @@ class LoaderTest : public ::testing::Test {
     }
     Add(*w, "big", DType::kBF16, {1000, 777}, Encoding::kRaw, 100);
     Add(*w, "big_zstd", DType::kBF16, {1000, 777}, Encoding::kShuffleZstd, 101);
+    Add(*w, "big_planes", DType::kBF16, {1000, 777}, Encoding::kPlanes, 102);
     for (int i = 0; i < 300; ++i) {
       Add(*w, "small/" + std::to_string(i), DType::kF32, {i % 7 + 1}, Encoding::kRaw, 200 + i);
     }

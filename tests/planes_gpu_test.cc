@@ -1,10 +1,17 @@
 // The PLANES decoder on a CUDA device against the CPU decoder: bit-exact output, corrupt units
 // reported through the error values (never a device fault), stream ordering.
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <map>
 
+#include "block_source.hpp"
+#include "ferry/ferry.hpp"
+#include "ferry/loader.hpp"
+#include "ferry_generated.h"
 #include "planes.hpp"
 #include "planes_cuda.hpp"
 #include "planes_data.hpp"
@@ -212,6 +219,102 @@ TEST(PlanesGpuTest, DecodeOnAStreamRunsAfterTheStreamsEarlierWork) {
   cudaFree(ddst);
   cudaFree(derr);
   cudaStreamDestroy(s);
+}
+
+// ---- through the loader: files written in PLANES, loaded onto the device -----------------
+
+class PlanesLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_.File("planes.ferry");
+    WriterOptions wo;
+    wo.block_size = 1 << 20;
+    auto w = Writer::Create(path_, wo);
+    ASSERT_TRUE(w.ok());
+    Add(*w, "a.bf16", DType::kBF16, {2560, 1000}, NormalWeights(5120000, 2, 0.02f, 1));
+    Add(*w, "b.f32", DType::kF32, {300, 1000}, NormalWeights(1200000, 4, 0.02f, 2));
+    Add(*w, "c.f16", DType::kF16, {70000}, NormalWeights(140000, 2, 0.02f, 3, true));
+    Add(*w, "d.noise", DType::kBF16, {300000}, RandomBytes(600000, 4));  // stored raw
+    Add(*w, "e.small", DType::kBF16, {10}, NormalWeights(20, 2, 0.02f, 5));
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  void Add(Writer& w, const std::string& name, DType dtype, std::vector<int64_t> shape,
+           std::vector<uint8_t> bytes) {
+    ASSERT_TRUE(
+        w.AddTensor(name, dtype, shape, bytes.data(), bytes.size(), Encoding::kPlanes).ok());
+    expected_[name] = std::move(bytes);
+  }
+  testing::TempDir dir_;
+  std::string path_;
+  std::map<std::string, std::vector<uint8_t>> expected_;
+};
+
+TEST_F(PlanesLoadTest, LoadsBitExactOnTheCallersStream) {
+  SKIP_WITHOUT_DEVICE();
+  auto r = Reader::Open(path_);
+  ASSERT_TRUE(r.ok());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int round = 0; round < 3; ++round) {
+    LoaderOptions o;
+    o.verify = round == 2;  // verified loads decode on the host
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    auto out = (*loader)->Load(**r, {}, round == 0 ? nullptr : reinterpret_cast<Stream>(s));
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    for (const LoadedTensor& t : *out) {
+      const std::vector<uint8_t>& want = expected_.at(t.info.name);
+      std::vector<uint8_t> got(t.nbytes);
+      CUDA_OK(cudaMemcpy(got.data(), t.data, t.nbytes, cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(got == want) << t.info.name << " round " << round;
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
+TEST_F(PlanesLoadTest, CorruptUnitIsDataLossNamingTensorAndBlock) {
+  SKIP_WITHOUT_DEVICE();
+  uint64_t at = 0;
+  {
+    auto r = Reader::Open(path_);
+    ASSERT_TRUE(r.ok());
+    auto info = (*r)->Find("a.bf16");
+    const fb::Tensor* t = BlocksOf(**r).at(info->index);
+    const fb::Chunk* c = t->chunks()->Get(2);
+    ASSERT_EQ(c->codec(), fb::ChunkCodec::PLANES);
+    planes::Layout l;
+    const uint8_t* block = BlocksOf(**r).mapping()->data() + info->data_offset + c->offset();
+    ASSERT_TRUE(planes::Parse(block, c->stored_size(), 1 << 20, &l).ok());
+    uint32_t unit3;
+    std::memcpy(&unit3, block + l.plane[1].offset + planes::kCodedUnitTableOffset + 12, 4);
+    at = info->data_offset + c->offset() + l.plane[1].offset + unit3 + 9;  // a stream length
+  }
+  int fd = ::open(path_.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t v;
+  ASSERT_EQ(::pread(fd, &v, 1, static_cast<off_t>(at)), 1);
+  v ^= 0x11;
+  ASSERT_EQ(::pwrite(fd, &v, 1, static_cast<off_t>(at)), 1);
+  ::close(fd);
+  auto r = Reader::Open(path_);
+  ASSERT_TRUE(r.ok());
+  for (bool verify : {false, true}) {
+    LoaderOptions o;
+    o.verify = verify;
+    auto loader = Loader::Create(o);
+    auto out = (*loader)->Load(**r, {});
+    ASSERT_FALSE(out.ok()) << verify;
+    EXPECT_EQ(out.status().code(), StatusCode::kDataLoss);
+    const std::string& m = out.status().message();
+    EXPECT_NE(m.find("'a.bf16'"), std::string::npos) << m;
+    EXPECT_NE(m.find("block 2 "), std::string::npos) << m;
+    EXPECT_NE(m.find("unit 3 of plane 1"), std::string::npos) << m;
+    if (!verify) EXPECT_NE(m.find("decoded on the GPU"), std::string::npos) << m;
+    // The loader and the device are still usable.
+    auto other = (*loader)->Load(**r, {{"b.f32"}});
+    EXPECT_TRUE(other.ok()) << other.status().ToString();
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 }  // namespace

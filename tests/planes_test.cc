@@ -1,13 +1,21 @@
 // The PLANES codec on the CPU: bit-exact round trips, the code builder, and corrupt blocks.
 #include "planes.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
+#include "block_source.hpp"
+#include "ferry/ferry.hpp"
+#include "ferry/loader.hpp"
+#include "ferry_generated.h"
 #include "planes_data.hpp"
 #include "test_util.hpp"
+#include "util.hpp"
 
 namespace ferry {
 namespace {
@@ -202,6 +210,119 @@ TEST(PlanesTest, CorruptUnitsAreDataLossNamingUnitAndPlane) {
     }
   }
   EXPECT_GT(caught, 0) << total;
+}
+
+// ---- in files: the writer, Reader reads and host loads ----------------------------------
+
+TEST(PlanesFileTest, EveryDTypeRoundTripsThroughWriterReaderAndHostLoads) {
+  testing::TempDir dir;
+  std::string path = dir.File("planes.ferry");
+  WriterOptions wo;
+  wo.block_size = 64 << 10;
+  std::map<std::string, std::vector<uint8_t>> expected;
+  {
+    auto w = Writer::Create(path, wo);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    uint64_t seed = 1;
+    for (int d = 0; d < kNumDTypes; ++d) {
+      auto dtype = static_cast<DType>(d);
+      size_t width = std::max<size_t>(1, DTypeStorageBits(dtype) / 8);
+      // Sizes around one unit and one block, and tiny ones that stay raw.
+      for (int64_t numel : {int64_t{0}, int64_t{1}, int64_t{kUnit - 1}, int64_t{kUnit},
+                            int64_t{kUnit + 1}, int64_t{70000}}) {
+        uint64_t n = *StorageBytes(dtype, numel);
+        std::vector<uint8_t> bytes = width == 2 || width == 4 || width == 8
+                                         ? NormalWeights(n, width, 0.02f, seed++)
+                                         : NormalWeights(n, 1, 0.02f, seed++);
+        if (d % 2) SprinkleSpecials(bytes, width == 2 || width == 4 || width == 8 ? width : 1);
+        std::string name = StrCat(DTypeName(dtype), "/", numel);
+        ASSERT_TRUE(w->AddTensor(name, dtype, {numel}, bytes.data(), n, Encoding::kPlanes).ok());
+        expected[name] = std::move(bytes);
+      }
+    }
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  auto r = Reader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  int planes_chunks = 0;
+  for (const auto& [name, bytes] : expected) {
+    auto info = (*r)->Find(name);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->encoding, bytes.empty() ? Encoding::kRaw : Encoding::kPlanes) << name;
+    const fb::Tensor* t = BlocksOf(**r).at(info->index);
+    if (t->chunks()) {
+      for (const fb::Chunk* c : *t->chunks()) planes_chunks += c->codec() == fb::ChunkCodec::PLANES;
+    }
+    std::vector<uint8_t> out(bytes.size() + 1, 0xEE);
+    ReadOptions ro;
+    ro.verify = true;
+    ASSERT_TRUE((*r)->ReadInto(name, out.data(), out.size(), ro).ok()) << name;
+    out.pop_back();
+    EXPECT_TRUE(out == bytes) << name;
+  }
+  EXPECT_GT(planes_chunks, 20);
+  EXPECT_TRUE((*r)->VerifyAll().ok());
+  auto loader = Loader::Create();
+  ASSERT_TRUE(loader.ok());
+  auto host = (*loader)->LoadToHost(**r, {});
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  for (const LoadedTensor& lt : *host) {
+    const std::vector<uint8_t>& want = expected.at(lt.info.name);
+    ASSERT_EQ(lt.nbytes, want.size());
+    EXPECT_EQ(std::memcmp(lt.data, want.data(), want.size()), 0) << lt.info.name;
+  }
+}
+
+TEST(PlanesFileTest, CorruptUnitIsDataLossNamingTensorAndBlock) {
+  testing::TempDir dir;
+  std::string path = dir.File("corrupt.ferry");
+  WriterOptions wo;
+  wo.block_size = 1 << 20;
+  std::vector<uint8_t> w3 = NormalWeights(size_t{3} << 20, 2, 0.02f, 77);
+  {
+    auto w = Writer::Create(path, wo);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->AddTensor("layers.0.w", DType::kBF16, {1536, 1024}, w3.data(), w3.size(),
+                             Encoding::kPlanes)
+                    .ok());
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  uint64_t at = 0;
+  {
+    auto r = Reader::Open(path);
+    ASSERT_TRUE(r.ok());
+    auto info = (*r)->Find("layers.0.w");
+    const fb::Tensor* t = BlocksOf(**r).at(info->index);
+    const fb::Chunk* c = t->chunks()->Get(1);
+    ASSERT_EQ(c->codec(), fb::ChunkCodec::PLANES);
+    planes::Layout l;
+    const uint8_t* block = BlocksOf(**r).mapping()->data() + info->data_offset + c->offset();
+    ASSERT_TRUE(planes::Parse(block, c->stored_size(), 1 << 20, &l).ok());
+    uint32_t unit1;
+    std::memcpy(&unit1, block + l.plane[1].offset + planes::kCodedUnitTableOffset + 4, 4);
+    at = info->data_offset + c->offset() + l.plane[1].offset + unit1 + 5;  // a stream length
+  }
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t v;
+  ASSERT_EQ(::pread(fd, &v, 1, static_cast<off_t>(at)), 1);
+  v ^= 0x21;
+  ASSERT_EQ(::pwrite(fd, &v, 1, static_cast<off_t>(at)), 1);
+  ::close(fd);
+  auto r = Reader::Open(path);
+  ASSERT_TRUE(r.ok());
+  std::vector<uint8_t> out(w3.size());
+  Status st = (*r)->ReadInto("layers.0.w", out.data(), out.size());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("'layers.0.w'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("block 1 "), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("unit 1 of plane 1"), std::string::npos) << st.message();
+  auto loader = Loader::Create();
+  ASSERT_TRUE(loader.ok());
+  auto host = (*loader)->LoadToHost(**r, {});
+  ASSERT_FALSE(host.ok());
+  EXPECT_EQ(host.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(host.status().message().find("block 1 "), std::string::npos) << host.status().message();
 }
 
 }  // namespace

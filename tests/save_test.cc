@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -318,6 +319,61 @@ TEST(SaveTest, FailingSourceSpoilsTheSaveButNotThePreviousFile) {
   EXPECT_EQ(w->CommitAsync().status().code(), StatusCode::kIoError);
   ExpectContent(path, kDefs, 1);
   EXPECT_EQ(DirEntries(dir.path()), std::set<std::string>{"m.ferry"});
+}
+
+// The progress callback sees every block once, in a growing total that ends at the tensor
+// bytes; called with and without a pool, whatever the thread count.
+TEST(SaveTest, ProgressCountsEveryBlockOnce) {
+  TempDir dir;
+  uint64_t total = 0;
+  for (const Def& d : kDefs) total += *StorageBytes(d.dtype, *NumElements(d.shape));
+  for (bool pooled : {false, true}) {
+    for (int threads : {1, 3}) {
+      std::shared_ptr<StagingPool> pool;
+      if (pooled) pool = *StagingPool::Create(1 << 20);
+      WriterOptions o = Options(threads, pool);
+      std::vector<uint64_t> seen;
+      std::atomic<int> inside{0};
+      bool overlapped = false;
+      o.progress = [&](uint64_t written) {
+        overlapped |= inside.fetch_add(1) != 0;
+        seen.push_back(written);
+        inside.fetch_sub(1);
+        return Status::Ok();
+      };
+      const std::string path = dir.File("p" + std::to_string(pooled) + std::to_string(threads));
+      ASSERT_TRUE(WriteDefs(path, kDefs, 5, o, pooled).ok());
+      ExpectContent(path, kDefs, 5);
+      EXPECT_FALSE(overlapped) << "two progress calls ran at once";
+      ASSERT_FALSE(seen.empty());
+      EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+      EXPECT_EQ(seen.back(), total) << "pooled " << pooled << ", threads " << threads;
+    }
+  }
+}
+
+// A progress callback that says stop fails the save with its status; the previous file stays
+// and no temporary file is left.
+TEST(SaveTest, ProgressCanStopTheSave) {
+  TempDir dir;
+  const std::string path = dir.File("m.ferry");
+  ASSERT_TRUE(WriteDefs(path, kDefs, 1, Options(2), false).ok());
+  for (bool pooled : {false, true}) {
+    std::shared_ptr<StagingPool> pool;
+    if (pooled) pool = *StagingPool::Create(1 << 20);
+    WriterOptions o = Options(2, pool);
+    int calls = 0;
+    o.progress = [&](uint64_t written) {
+      ++calls;
+      return written >= 8192 ? Status(StatusCode::kIoError, "stopped by the test") : Status::Ok();
+    };
+    Status st = WriteDefs(path, kDefs, 2, o, pooled);
+    EXPECT_EQ(st.code(), StatusCode::kIoError) << st.ToString();
+    EXPECT_NE(st.message().find("stopped by the test"), std::string::npos) << st.message();
+    EXPECT_GE(calls, 1);
+    ExpectContent(path, kDefs, 1);
+    EXPECT_EQ(DirEntries(dir.path()), std::set<std::string>{"m.ferry"});
+  }
 }
 
 TEST(SaveTest, AbortAndDestructionDropTheTemporaryFile) {

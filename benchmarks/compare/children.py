@@ -205,13 +205,15 @@ def generate(spec):
 
 
 FORMAT_FILES = {"ferry-raw": "ckpt.ferry", "ferry-zstd": "ckpt-zstd.ferry",
+                "ferry-planes": "ckpt-planes.ferry",
                 "safetensors": "ckpt.safetensors", "pt": "ckpt.pt"}
 
 
 def write_format(fmt, path, backend, base, tensors, state):
     """Writes one format; returns the tensor names it holds (None: not writable here)."""
-    if fmt in ("ferry-raw", "ferry-zstd"):
-        encoding = "raw" if fmt == "ferry-raw" else "shuffle_zstd"
+    if fmt in ("ferry-raw", "ferry-zstd", "ferry-planes"):
+        encoding = {"ferry-raw": "raw", "ferry-zstd": "shuffle_zstd",
+                    "ferry-planes": "planes"}[fmt]
         meta = {"producer": "benchmarks/compare", "layout": "llama-like"}
         if backend == "torch":
             import tensorferry.torch as tft

@@ -38,8 +38,9 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 
 FORMAT_FILES = {"ferry-raw": "ckpt.ferry", "ferry-zstd": "ckpt-zstd.ferry",
+                "ferry-planes": "ckpt-planes.ferry",
                 "safetensors": "ckpt.safetensors", "pt": "ckpt.pt"}
-FORMATS = ["ferry-raw", "ferry-zstd", "safetensors", "pt"]
+FORMATS = ["ferry-raw", "ferry-zstd", "ferry-planes", "safetensors", "pt"]
 
 
 class Entry:
@@ -63,6 +64,11 @@ GPU_ENTRIES = [
           note="tensorferry.load_file(device='cuda') + load_scaling_state"),
     Entry("tensorferry-py-zstd", "ferry-zstd", "gpu", loader="tensorferry-py",
           note="as tensorferry-py, shuffle+zstd file"),
+    Entry("tensorferry-c-planes", "ferry-planes", "c",
+          note="C API, planes file (expanded on the GPU)"),
+    Entry("ferry-bench-cli-planes", "ferry-planes", "cli", note="`ferry bench FILE` as it prints"),
+    Entry("tensorferry-py-planes", "ferry-planes", "gpu", loader="tensorferry-py",
+          note="as tensorferry-py, planes file"),
     Entry("safetensors", "safetensors", "gpu", note="safetensors.torch.load_file(device=)"),
     Entry("torch-mmap", "pt", "gpu", note="torch.load(mmap=True), then .to('cuda') per tensor"),
     Entry("torch-map_location", "pt", "gpu", note="torch.load(map_location='cuda')"),
@@ -164,14 +170,15 @@ def pick_data_dir(explicit):
 
 
 # Bytes of each format relative to the tensor bytes (shuffle+zstd of bf16: about 0.8).
-FORMAT_SIZE = {"ferry-raw": 1.0, "ferry-zstd": 0.85, "safetensors": 1.0, "pt": 1.0}
+FORMAT_SIZE = {"ferry-raw": 1.0, "ferry-zstd": 0.85, "ferry-planes": 0.7, "safetensors": 1.0,
+               "pt": 1.0}
 
 
 def fit_formats(formats, total, free):
     """The formats that fit in `free` bytes, dropping the last ones first (pt, then zstd)."""
     order = list(formats)
     keep = list(formats)
-    for drop in ("pt", "ferry-zstd", "safetensors"):
+    for drop in ("pt", "ferry-zstd", "ferry-planes", "safetensors"):
         need = sum(FORMAT_SIZE[f] for f in keep) * total * 1.03 + (1 << 30)
         if need <= free or len(keep) == 1:
             break

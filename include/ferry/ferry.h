@@ -243,6 +243,7 @@ FERRY_API int ferry_dtype_from_dlpack(DLDataType type, int32_t* dtype, ferry_err
 #define FERRY_ENCODING_RAW 0
 #define FERRY_ENCODING_ZSTD 1
 #define FERRY_ENCODING_SHUFFLE_ZSTD 2 /* byte planes, then zstd: best for bf16/f16/f32 */
+#define FERRY_ENCODING_PLANES 3       /* byte planes, Huffman-coded exponents: decoded on the GPU */
 
 /* ---- DLPack helpers ----------------------------------------------------------------------- */
 
@@ -309,6 +310,12 @@ typedef struct ferry_writer_options_t {
   /* Write through O_DIRECT where the file system supports it (1, the default), else, or with
    * 0, through the page cache. */
   int32_t direct_io;
+  /* Called after each block is written with the raw bytes of the tensors written so far, and
+   * `progress_user`; a non-zero return stops the save (its commit fails with FERRY_IO_ERROR
+   * and the previous file at the path stays). Runs on the writer's threads, one call at a
+   * time; it must not call the writer. NULL: none. */
+  int32_t (*progress)(void* user, uint64_t raw_bytes_written);
+  void* progress_user;
 } ferry_writer_options_t;
 
 FERRY_API void ferry_writer_options_init(ferry_writer_options_t* options);

@@ -82,7 +82,9 @@ FERRY_API std::optional<uint64_t> StorageBytes(DType dtype, uint64_t numel);
 // Product of dims; nullopt on a negative dim or overflow.
 FERRY_API std::optional<uint64_t> NumElements(const std::vector<int64_t>& shape);
 
-enum class Encoding : uint8_t { kRaw = 0, kZstd = 1, kShuffleZstd = 2 };
+// kPlanes: byte planes with Huffman-coded exponent planes, decoded on the GPU by the loader
+// (on the CPU elsewhere); for bf16/f16 weights (docs/PLANES.md).
+enum class Encoding : uint8_t { kRaw = 0, kZstd = 1, kShuffleZstd = 2, kPlanes = 3 };
 FERRY_API const char* EncodingName(Encoding encoding);
 
 // Description of one stored tensor. Cheap to copy; independent of the Reader's lifetime.
@@ -238,6 +240,12 @@ struct WriterOptions {
   // through a pool of max(64 MiB, 2 * block_size) that the writer allocates on first use
   // (pinned on first device use) and frees with itself.
   std::shared_ptr<StagingPool> staging;
+  // Called after each block is written, with the raw bytes of the tensors written so far
+  // (tensor bytes only, as added): for progress bars, and to stop a save, since a non-OK
+  // return fails it with that status (Commit returns it; the previous file at the path stays).
+  // Runs on the writer's threads, one call at a time, never under the writer's locks; it must
+  // not call the writer. Empty: none.
+  std::function<Status(uint64_t raw_bytes_written)> progress;
 };
 
 // Host staging memory for writers: a ring of `bytes`, allocated once and reused by every save

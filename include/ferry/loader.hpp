@@ -90,7 +90,8 @@ struct LoaderOptions {
   IoMode io = IoMode::kAuto;
   uint64_t register_window_bytes = uint64_t{64} << 20;
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
-  // Check block checksums while loading.
+  // Check block checksums while loading. Checksums are computed on the host, so a verified
+  // load decodes PLANES tensors on the CPU instead of the GPU.
   bool verify = false;
   // Fill staging slots with non-temporal stores. Off by default: measured slower on an H200
   // host (40 vs 52 GB/s at 8 threads, benchmarks/README.md).
@@ -174,6 +175,9 @@ class FERRY_API Loader {
   // Enqueues every copy on `stream` and returns; data is ready once `stream` reaches this
   // point. Staging slots are reused as their events complete, so the call itself blocks on
   // CPU work and on slot reuse, never on the stream as a whole. Empty `requests`: every tensor.
+  // Exception: when PLANES blocks were expanded on the device, the call waits for `stream` at
+  // the end, so that a corrupt block is reported (DataLoss naming tensor and block) by this
+  // call rather than handed out.
   Result<std::vector<LoadedTensor>> LoadAsync(const Reader& reader,
                                               const std::vector<LoadRequest>& requests,
                                               Stream stream = nullptr,

@@ -97,7 +97,8 @@ Layout ChooseLayout(uint64_t target) {
   return best;
 }
 
-Status Generate(const std::string& path, uint64_t target, Layout* layout_out, size_t* count) {
+Status Generate(const std::string& path, uint64_t target, Encoding encoding, Layout* layout_out,
+                size_t* count) {
   Layout L = ChooseLayout(target);
   *layout_out = L;
   struct T {
@@ -154,8 +155,7 @@ Status Generate(const std::string& path, uint64_t target, Layout* layout_out, si
       progress.Add(size);
       return Status::Ok();
     };
-    FERRY_RETURN_IF_ERROR(
-        writer.AddTensorFrom(t.name, DType::kBF16, t.shape, fill, Encoding::kRaw));
+    FERRY_RETURN_IF_ERROR(writer.AddTensorFrom(t.name, DType::kBF16, t.shape, fill, encoding));
   }
   writer.SetMetadata("generator", "ferry bench --generate").ok();
   Status st = writer.Commit();
@@ -335,7 +335,11 @@ int RunBench(const BenchOptions& options) {
     Layout layout;
     size_t count = 0;
     double t0 = Now();
-    Status st = Generate(path, *size, &layout, &count);
+    const Encoding encoding = options.encoding == "planes"         ? Encoding::kPlanes
+                              : options.encoding == "zstd"         ? Encoding::kZstd
+                              : options.encoding == "shuffle+zstd" ? Encoding::kShuffleZstd
+                                                                   : Encoding::kRaw;
+    Status st = Generate(path, *size, encoding, &layout, &count);
     if (!st.ok()) return Fail(st);
     generated_desc =
         StrCat(", generated in ", static_cast<int>((Now() - t0) * 1000), " ms: ", count,

@@ -54,6 +54,7 @@ struct BenchOptions {
   int device = -1;
   bool verify = false;
   bool prealloc = false;
+  std::string encoding = "raw";  // of the --generate checkpoint
 };
 
 int RunInspect(const InspectOptions& options);

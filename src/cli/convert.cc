@@ -168,7 +168,15 @@ Status Interrupted(const std::string& out) {
 }
 
 Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& items,
-               const std::string& out, const WriterOptions& wo, Progress* progress) {
+               const std::string& out, WriterOptions wo, Progress* progress) {
+  // Reads run ahead of compression by up to a staging pool's worth, so progress and
+  // interruption follow the blocks written, not the bytes read.
+  uint64_t reported = 0;
+  wo.progress = [&](uint64_t written) {
+    progress->Add(written - reported);
+    reported = written;
+    return Interrupted(out);
+  };
   FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(out, wo));
   for (const Item& it : items) {
     const Reader& r = *sources[it.source].reader;
@@ -178,10 +186,7 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
     // corrupt input never becomes a new file with fresh, matching checksums.
     FillFn fill = [&](uint64_t offset, void* dst, size_t size) -> Status {
       FERRY_RETURN_IF_ERROR(Interrupted(out));
-      FERRY_RETURN_IF_ERROR(
-          blocks.Read(it.tensor, offset, size, static_cast<uint8_t*>(dst), kVerified));
-      progress->Add(size);
-      return Status::Ok();
+      return blocks.Read(it.tensor, offset, size, static_cast<uint8_t*>(dst), kVerified);
     };
     FERRY_RETURN_IF_ERROR(
         writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, wo.encoding));
@@ -284,6 +289,8 @@ int RunConvert(const ConvertOptions& options) {
     wo.encoding = Encoding::kZstd;
   } else if (options.encoding == "shuffle+zstd" || options.encoding == "shuffle_zstd") {
     wo.encoding = Encoding::kShuffleZstd;
+  } else if (options.encoding == "planes") {
+    wo.encoding = Encoding::kPlanes;
   } else {
     std::fprintf(stderr, "ferry convert: unknown --encoding %s\n", options.encoding.c_str());
     return kExitUsage;
@@ -334,7 +341,9 @@ int RunConvert(const ConvertOptions& options) {
   std::string out_desc =
       to_safetensors ? "safetensors"
                      : StrCat("TensorFerry, ", EncodingName(wo.encoding),
-                              wo.encoding == Encoding::kRaw ? "" : StrCat(" level ", wo.zstd_level),
+                              wo.encoding == Encoding::kRaw || wo.encoding == Encoding::kPlanes
+                                  ? ""
+                                  : StrCat(" level ", wo.zstd_level),
                               ", ", HumanBytes(wo.block_size), " blocks");
   std::printf("%s (%s) -> %s (%s)\n", options.in.c_str(), in_desc.c_str(), options.out.c_str(),
               out_desc.c_str());

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   convert_cmd->add_option("OUT", convert.out, "output file (replaced atomically)")->required();
   convert_cmd->add_option("--encoding", convert.encoding, "TensorFerry output encoding")
       ->capture_default_str()
-      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "shuffle_zstd"}));
+      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "shuffle_zstd", "planes"}));
   convert_cmd->add_option("--level", convert.level, "zstd level")
       ->capture_default_str()
       ->check(CLI::Range(-7, 22));
@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--device", bench.device,
                         "CUDA device to make current first (default: the current one)");
   bench_cmd->add_flag("--verify", bench.verify, "check checksums while loading");
+  bench_cmd->add_option("--encoding", bench.encoding, "encoding of the --generate checkpoint")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "planes"}));
   bench_cmd->add_flag("--prealloc", bench.prealloc,
                       "load into destination buffers allocated once, outside the timed runs "
                       "(default: the loader allocates, as most callers let it)");

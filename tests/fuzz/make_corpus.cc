@@ -1,7 +1,7 @@
 // Writes the seed corpus of the fuzz targets: small valid checkpoints and safetensors files of
 // many shapes, dtypes and encodings, and well-formed zstd chunks. Deterministic, so the
 // committed corpus only changes when the format or the writer does.
-//   ferry_fuzz_corpus OUT_DIR     (writes OUT_DIR/{footer,load,chunk,safetensors}/)
+//   ferry_fuzz_corpus OUT_DIR     (writes OUT_DIR/{footer,load,chunk,safetensors,planes}/)
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +12,7 @@
 
 #include "codec.hpp"
 #include "ferry/ferry.hpp"
+#include "planes.hpp"
 #include "safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -155,6 +156,17 @@ void Chunk(const std::string& name, uint8_t width, const std::vector<uint8_t>& r
   Put("chunk", name, out);
 }
 
+// Planes target input: u32 raw size, then one PLANES block (always coded, however small).
+void PlanesBlock(const std::string& name, size_t width, const std::vector<uint8_t>& raw) {
+  std::vector<uint8_t> out(4 + planes::Bound(raw.size())), scratch(raw.size() + 1);
+  uint32_t n = static_cast<uint32_t>(raw.size());
+  std::memcpy(out.data(), &n, 4);
+  size_t m = planes::Encode(raw.data(), raw.size(), width, out.data() + 4, scratch.data(), -1);
+  if (m == 0) Die(Status(StatusCode::kInternal, "planes encode"), name);
+  out.resize(4 + m);
+  Put("planes", name, out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +190,10 @@ int main(int argc, char** argv) {
   Checkpoint("shuffle_zstd.ferry", {{"a", DType::kF32, {30, 50}, E::kShuffleZstd},
                                     {"b", DType::kF16, {3000}, E::kShuffleZstd},
                                     {"c", DType::kC128, {300}, E::kShuffleZstd}});
+  Checkpoint("planes.ferry", {{"w", DType::kBF16, {40, 128}, E::kPlanes},
+                              {"f", DType::kF32, {3000}, E::kPlanes},
+                              {"h", DType::kF16, {5, 7}, E::kPlanes},
+                              {"noise", DType::kBF16, {3000}, E::kPlanes, false}});
   Checkpoint("stored_chunks.ferry", {{"noise", DType::kU16, {5000}, E::kShuffleZstd, false},
                                      {"noise8", DType::kU8, {5000}, E::kZstd, false}});
   Checkpoint("shapes.ferry", {{"scalar", DType::kF64, {}},
@@ -219,5 +235,10 @@ int main(int argc, char** argv) {
   }
   Chunk("stored_w2.bin", 2, Bytes(300, 3, false), false);
   Chunk("w3_odd.zst", 3, Bytes(1001, 9, true), true);
+  PlanesBlock("bf16_two_units.bin", 2, Bytes(2 * 8192 * 2 + 6, 21, true));
+  PlanesBlock("f32_partial_unit.bin", 4, Bytes(4 * 1000 + 3, 22, true));
+  PlanesBlock("u8_one_unit.bin", 1, Bytes(8192, 23, true));
+  PlanesBlock("f64_tail.bin", 8, Bytes(8 * 300 + 5, 24, true));
+  PlanesBlock("bf16_tiny.bin", 2, Bytes(10, 25, true));
   return 0;
 }

@@ -83,6 +83,37 @@ def test_failed_async_save_raises_and_keeps_the_previous_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["taken"]
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_progress_reports_every_byte_and_can_stop_the_save(tmp_path, background):
+    path = str(tmp_path / "m.ferry")
+    src = arrays(4)
+    total = sum(v.nbytes for v in src.values())
+    seen = []
+    save = tf.save_file_async if background else tf.save_file
+    out = save(src, path, encoding="shuffle_zstd", block_size=4096, durable=False,
+               progress=seen.append)
+    if background:
+        out.result()
+    check(path, src)
+    assert seen == sorted(seen) and seen[-1] == total
+
+    class Stop(Exception):
+        pass
+
+    def stop(written):
+        if written >= 4096:
+            raise Stop(written)
+
+    # The callback's own exception comes back; the previous file and its folder are as they were.
+    with pytest.raises(Stop):
+        out = save(arrays(5), path, encoding="shuffle_zstd", block_size=4096, durable=False,
+                   progress=stop)
+        if background:
+            out.result()
+    check(path, src)
+    assert os.listdir(str(tmp_path)) == ["m.ferry"]
+
+
 def test_write_shard_index(tmp_path):
     tf.save_file({"a": np.arange(4, dtype=np.int32)}, str(tmp_path / "s1.ferry"))
     tf.save_file({"b": np.arange(3, dtype=np.int32)}, str(tmp_path / "s2.ferry"))

@@ -74,7 +74,8 @@ def _name(n):
 
 class TensorInfo:
     """Description of a stored tensor: name, dtype (a ferry dtype name such as "BF16"),
-    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd")."""
+    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd",
+    "planes")."""
 
     __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
 
@@ -83,7 +84,7 @@ class TensorInfo:
         self.dtype = _dtypes.NAMES[dtype]
         self.shape = shape
         self.nbytes = nbytes
-        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd"}[encoding]
+        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd", 3: "planes"}[encoding]
         self.data_offset = data_offset
         self.data_size = data_size
 
@@ -224,9 +225,10 @@ class SaveFuture:
     returns the error or None. The save finishes even if the future is dropped (the handle's
     release waits for it)."""
 
-    def __init__(self, handle, path):
+    def __init__(self, handle, path, progress=None):
         self._handle = handle
         self._path = path
+        self._progress = progress  # kept alive: the library calls it until the save is done
         self._error = None
         self._finished = False
         self._lock = threading.Lock()
@@ -244,7 +246,8 @@ class SaveFuture:
             try:
                 _lib.call("ferry_save_wait", self._handle)
             except FerryError as e:
-                self._error = e
+                failed = self._progress.error if self._progress is not None else None
+                self._error = failed if failed is not None else e
             _lib.lib().ferry_save_free(self._handle)
             self._handle = None
             self._finished = True
@@ -314,7 +317,7 @@ def _nbytes(value):
 
 def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=None,
                     block_size=None, threads=0, durable=True, scaling_state=None, producer=None,
-                    staging=None, direct_io=True):
+                    staging=None, direct_io=True, progress=None):
     """As save_file, but returns a SaveFuture once every tensor is snapshotted into host memory:
     the caller may then overwrite or free its tensors (CUDA ones included) while compression,
     writes, fsync and the atomic rename finish in the background. A crash before the future
@@ -331,7 +334,7 @@ def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=
     return save_file(tensors, path, metadata, encoding=encoding, zstd_level=zstd_level,
                      block_size=block_size, threads=threads, durable=durable,
                      scaling_state=scaling_state, producer=producer, staging=staging,
-                     direct_io=direct_io, _background=True)
+                     direct_io=direct_io, progress=progress, _background=True)
 
 
 def _is_torch(value):
@@ -376,20 +379,44 @@ def shared_tensor_groups(tensors):
     return sorted(groups, key=sorted)
 
 
+class _Progress:
+    """A save's progress callable for the library: called with the tensor bytes written so far
+    after each block, from a writer thread. An exception it raises stops the save, and is
+    raised in place of the library's error."""
+
+    def __init__(self, fn):
+        self.error = None
+
+        def call(_user, written):
+            try:
+                fn(int(written))
+                return 0
+            except BaseException as e:  # noqa: B902 - any exception stops the save
+                self.error = e
+                return 1
+
+        self.c_function = _lib.PROGRESS_FN(call)
+
+
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
               threads=0, durable=True, scaling_state=None, producer=None, min_savings=None,
-              staging=None, direct_io=True, _background=False):
+              staging=None, direct_io=True, progress=None, _background=False):
     """Writes `tensors` (a dict of name -> numpy array or torch tensor, CPU or CUDA) to `path`.
 
     The file appears atomically at commit: a failure leaves any previous file untouched.
     torch tensors that share memory are refused (RuntimeError naming them), as safetensors
     does; non-contiguous tensors are stored contiguously (safetensors refuses them).
     encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
-    compress best); zstd_level None keeps the library's default. metadata: dict of str -> str.
+    compress best), or "planes" (bf16/f16 weights about 1.47x smaller, expanded on the GPU
+    while loading, so hot loads move fewer bytes over the link); zstd_level None keeps the
+    library's default. metadata: dict of str -> str.
     min_savings: a block is stored uncompressed unless zstd saves this fraction (None: the
     library's 0.03).
     scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
     data, never pickled).
+    progress: a callable given the tensor bytes written so far after each block (from a writer
+    thread, one call at a time); an exception it raises stops the save, leaves any previous
+    file at `path` as it was, and is raised here (or by the future's result()).
 
     CUDA tensors on the current device are read in place: device-to-host copies into pinned
     staging memory on torch's current stream, overlapped with compression and writes (other
@@ -413,6 +440,9 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     L = _lib.lib()
     opts.staging = staging._handle if staging is not None else None
     opts.direct_io = 1 if direct_io else 0
+    reporter = _Progress(progress) if progress is not None else None
+    if reporter is not None:
+        opts.progress = reporter.c_function
     handle = ctypes.c_void_p()
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
     keep = []  # CUDA sources (and their contiguous copies) until the snapshot is complete
@@ -430,8 +460,12 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
         if _background:
             save = ctypes.c_void_p()
             _lib.call("ferry_writer_commit_async", handle, ctypes.byref(save))
-            return SaveFuture(save, path)
+            return SaveFuture(save, path, reporter)
         _lib.call("ferry_writer_commit", handle)
+    except FerryError:
+        if reporter is not None and reporter.error is not None:
+            raise reporter.error
+        raise
     finally:
         L.ferry_writer_free(handle)
         del keep

@@ -39,7 +39,7 @@ CUDA_ERROR = 7
 IO_ERROR = 8
 
 ENCODING_DEFAULT = -1
-ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2}
+ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2, "planes": 3}
 
 READ_VERIFY = 1
 
@@ -94,6 +94,10 @@ class Error(ctypes.Structure):
     _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * ERROR_MESSAGE_SIZE)]
 
 
+# int32_t (*)(void* user, uint64_t raw_bytes_written): ferry_writer_options_t.progress
+PROGRESS_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64)
+
+
 class WriterOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -106,6 +110,8 @@ class WriterOptions(ctypes.Structure):
         ("producer", c_char_p),
         ("staging", c_void_p),
         ("direct_io", c_int32),
+        ("progress", PROGRESS_FN),
+        ("progress_user", c_void_p),
     ]
 
 
