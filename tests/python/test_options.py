@@ -25,6 +25,7 @@ OPTIONS = {
                       {"verify_on_open": "verify"}),
 }
 
+_FUNCTION_POINTER = re.compile(r"^\s*[\w\s*]+\(\s*\*\s*(\w+)\s*\)\s*\(")
 _FIELD = re.compile(r"^\s*(?:[\w:<>*]+\s+)+\**(\w+)\s*(?:=[^;]*)?;")
 
 
@@ -36,9 +37,16 @@ def _read(rel):
 def _fields(text, opening, closing):
     start = text.index(opening)
     body = text[start + len(opening):text.index(closing, start)]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     names = []
     for line in body.splitlines():
-        line = re.sub(r"//.*|/\*.*?\*/", "", line)
+        line = re.sub(r"//.*", "", line)
+        # Callbacks: a C function pointer, int32_t (*name)(...); or a C++ std::function<...> name;
+        pointer = _FUNCTION_POINTER.match(line)
+        if pointer:
+            names.append(pointer.group(1))
+            continue
+        line = re.sub(r"std::function<.*>", "std::function", line)
         m = _FIELD.match(line)
         if m and "(" not in line:
             names.append(m.group(1))
@@ -60,6 +68,8 @@ def test_the_parser_sees_every_field():
     # A parser that found nothing would pass everything below.
     assert "slot_bytes" in cpp_fields("LoaderOptions")
     assert "producer" in cpp_fields("WriterOptions")
+    assert "progress" in cpp_fields("WriterOptions")
+    assert {"progress", "progress_user"} <= set(c_fields("ferry_writer_options_t"))
     assert len(cpp_fields("LoaderOptions")) >= 9
     assert "io" in c_fields("ferry_loader_options_t")
 
