@@ -25,8 +25,8 @@ Status ErrnoStatus(int err, const std::string& path, const char* what) {
   return Error(code, path, ": ", what, " failed ", ErrnoText(err));
 }
 
-// pread until `size` bytes are in or the file ends, retrying EINTR; `*done` counts the bytes
-// read. Returns 0, or the errno of a failed read.
+}  // namespace
+
 int PReadLoop(int fd, void* dst, uint64_t size, uint64_t offset, uint64_t* done) {
   auto* p = static_cast<uint8_t*>(dst);
   *done = 0;
@@ -41,7 +41,6 @@ int PReadLoop(int fd, void* dst, uint64_t size, uint64_t offset, uint64_t* done)
   }
   return 0;
 }
-}  // namespace
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
   other.fd_ = -1;

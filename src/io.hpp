@@ -15,6 +15,10 @@
 
 namespace ferry {
 
+// pread until `size` bytes are in or the file ends, retrying EINTR; `*done` counts the bytes
+// read. Returns 0, or the errno of a failed read.
+int PReadLoop(int fd, void* dst, uint64_t size, uint64_t offset, uint64_t* done);
+
 // An owned file descriptor.
 class File {
  public:

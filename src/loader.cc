@@ -49,26 +49,23 @@ void CountPieces(const std::vector<Piece>& pieces, std::vector<uint32_t>* count)
   for (const Piece& p : pieces) ++(*count)[p.r];
 }
 
+#ifdef FERRY_HAVE_CUDA
 // Reads file bytes [offset, offset + len) of tensor i with pread: a one-shot load reads
 // resident data this way instead of through a mapping it would fault in page by page.
 Status PReadRange(const BlockSource& source, size_t i, int fd, uint8_t* dst, uint64_t offset,
                   uint64_t len) {
   uint64_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error(StatusCode::kIoError, source.Where(i), ": read at file offset ", offset + done,
-                   " failed ", ErrnoText(errno));
-    }
-    if (n == 0) {
-      return Error(StatusCode::kDataLoss, source.Where(i), ": the file ends at offset ",
-                   offset + done, " inside the tensor (truncated after it was opened?)");
-    }
-    done += static_cast<uint64_t>(n);
+  if (int err = PReadLoop(fd, dst, len, offset, &done); err != 0) {
+    return Error(StatusCode::kIoError, source.Where(i), ": read at file offset ", offset + done,
+                 " failed ", ErrnoText(err));
+  }
+  if (done < len) {
+    return Error(StatusCode::kDataLoss, source.Where(i), ": the file ends at offset ",
+                 offset + done, " inside the tensor (truncated after it was opened?)");
   }
   return Status::Ok();
 }
+#endif
 
 #ifdef FERRY_HAVE_CUDA
 

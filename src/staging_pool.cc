@@ -15,6 +15,7 @@ namespace {
 constexpr uint64_t kPieceAlign = 256;
 constexpr uint64_t kPageBytes = 4096;
 
+#ifdef FERRY_HAVE_CUDA
 // First touch of fresh pages, spread over threads: registering prefaulted memory is faster,
 // and page faults are what a one-thread touch of many GiB waits on.
 void Prefault(uint8_t* p, uint64_t n) {
@@ -35,6 +36,7 @@ void Prefault(uint8_t* p, uint64_t n) {
   for (; k < parts; ++k) touch(k);
   for (auto& t : threads) t.join();
 }
+#endif
 }  // namespace
 
 StagingPool::Impl::~Impl() {

@@ -269,6 +269,7 @@ TEST(PlanesFileTest, EveryDTypeRoundTripsThroughWriterReaderAndHostLoads) {
   for (const LoadedTensor& lt : *host) {
     const std::vector<uint8_t>& want = expected.at(lt.info.name);
     ASSERT_EQ(lt.nbytes, want.size());
+    if (want.empty()) continue;  // an empty tensor may have no memory at all
     EXPECT_EQ(std::memcmp(lt.data, want.data(), want.size()), 0) << lt.info.name;
   }
 }
