@@ -197,20 +197,9 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
             "load them as separate tensors: %s. Save one of each group (or .clone() the "
             "others), or use tensorferry.torch.save_model, which drops the duplicate names."
             % ", ".join("{%s}" % ", ".join(repr(n) for n in sorted(g)) for g in shared))
+    opts = _lib.writer_options(encoding, zstd_level, threads, durable, block_size, min_savings,
+                               producer)
     L = _lib.lib()
-    opts = _lib.WriterOptions()
-    L.ferry_writer_options_init(ctypes.byref(opts))
-    opts.encoding = _lib.ENCODINGS[encoding]
-    if zstd_level is not None:
-        opts.zstd_level = int(zstd_level)
-    opts.threads = int(threads)
-    opts.durable = 1 if durable else 0
-    if block_size is not None:
-        opts.block_size = int(block_size)
-    if min_savings is not None:
-        opts.min_savings = float(min_savings)
-    producer_b = producer.encode("utf-8") if producer else None
-    opts.producer = producer_b
     handle = ctypes.c_void_p()
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
     try:

@@ -25,18 +25,8 @@ def convert(src, dst, *, encoding="raw", zstd_level=None, block_size=None, threa
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
-    L = _lib.lib()
-    opts = _lib.WriterOptions()
-    L.ferry_writer_options_init(ctypes.byref(opts))
-    opts.encoding = _lib.ENCODINGS[encoding]
-    if zstd_level is not None:
-        opts.zstd_level = int(zstd_level)
-    if block_size is not None:
-        opts.block_size = int(block_size)
-    opts.threads = int(threads)
-    opts.durable = 1 if durable else 0
-    producer_b = producer.encode("utf-8") if producer else None
-    opts.producer = producer_b
+    opts = _lib.writer_options(encoding, zstd_level, threads, durable, block_size,
+                               producer=producer)
     _lib.call("ferry_convert", _fspath(src), _fspath(dst), ctypes.byref(opts))
 
 

@@ -475,3 +475,22 @@ def encode(s):
     if isinstance(s, bytes):
         return s
     return os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode("utf-8")
+
+
+def writer_options(encoding, zstd_level=None, threads=0, durable=True, block_size=None,
+                   min_savings=None, producer=None):
+    """A filled ferry_writer_options_t (the library's defaults where an argument is None).
+    The structure holds the producer bytes itself, so it stays valid as long as it lives."""
+    opts = WriterOptions()
+    lib().ferry_writer_options_init(ctypes.byref(opts))
+    opts.encoding = ENCODINGS[encoding]
+    if zstd_level is not None:
+        opts.zstd_level = int(zstd_level)
+    if block_size is not None:
+        opts.block_size = int(block_size)
+    if min_savings is not None:
+        opts.min_savings = float(min_savings)
+    opts.threads = int(threads)
+    opts.durable = 1 if durable else 0
+    opts.producer = producer.encode("utf-8") if producer else None
+    return opts
