@@ -9,9 +9,9 @@
 
 #include "block_source.hpp"
 #include "codec.hpp"
-#include "planes.hpp"
 #include "footer.hpp"
 #include "format.hpp"
+#include "planes.hpp"
 #include "safetensors.hpp"
 #include "util.hpp"
 
