@@ -2,7 +2,8 @@
 # Builds TensorFerry under sanitizers and runs the tests; no GPU needed (CUDA is off).
 #   1. ASan + UBSan (preset "asan", build-asan): the whole ctest suite. Every report is fatal.
 #   2. TSan (preset "tsan", build-tsan): the multithreaded tests: the loader's host pipeline,
-#      the writer's compression pool, and the concurrent-reader and truncation-race tests.
+#      the writer's block pipeline and staging pool, and the concurrent-reader and
+#      truncation-race tests.
 # Exits non-zero on the first failure.
 #   tests/run_sanitizers.sh [asan|tsan|all]     (default: all)
 set -euo pipefail
@@ -32,7 +33,7 @@ run_asan() {
 run_tsan() {
   section "TSan: configure and build"
   cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j "$JOBS" --target loader_test fault_test format_test
+  cmake --build build-tsan -j "$JOBS" --target loader_test fault_test format_test save_test
   section "TSan: multithreaded tests"
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/tsan.supp"
   build-tsan/tests/loader_test --gtest_filter='LoaderTest.*'
@@ -40,6 +41,8 @@ run_tsan() {
   build-tsan/tests/fault_test \
     --gtest_filter='FaultTest.ManyThreads*:FaultTest.*SignalStorm*:TruncationTest.ConcurrentTruncationRace:TruncationTest.Every*'
   build-tsan/tests/format_test
+  # The writer's block pipeline: encode workers, in-order writes, staging pool, progress calls.
+  build-tsan/tests/save_test --gtest_filter='SaveTest.*:StagingPoolTest.*'
 }
 
 start=$SECONDS
