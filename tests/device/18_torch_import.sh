@@ -19,7 +19,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 export TENSORFERRY_LIBRARY="$BUILD/src/libferry.so" FERRY_BUILD_DIR="$BUILD"
 export FERRY_BIN="$BUILD/src/cli/ferry" PYTHONPATH="$ROOT/bindings/python"
 FIX="$OUT/fixtures"
-rm -rf "$FIX" "$OUT/work"
+rm -rf "$FIX" "$OUT/converted"
 declare -A rc
 
 python3 "$ROOT/tests/data/torch/make_fixtures.py" "$FIX" > "$OUT/make_fixtures.txt" 2>&1
@@ -29,11 +29,11 @@ FERRY_TORCH_FIXTURES="$FIX" timeout 300 python3 -m pytest -q -p no:cacheprovider
   "$ROOT/tests/python/test_torch_import.py" > "$OUT/pytest.txt" 2>&1
 rc[pytest_import]=$?
 
-mkdir -p "$OUT/work"
+mkdir -p "$OUT/converted"
 {
-  "$FERRY_BIN" convert "$FIX/pytorch_model.bin" "$OUT/work/model.ferry" && \
+  "$FERRY_BIN" convert "$FIX/pytorch_model.bin" "$OUT/converted/model.ferry" && \
   "$FERRY_BIN" inspect "$FIX/te_cuda.pt" && \
-  python3 - "$FIX/pytorch_model.bin" "$OUT/work/model.ferry" <<'PY'
+  python3 - "$FIX/pytorch_model.bin" "$OUT/converted/model.ferry" <<'PY'
 import sys, torch, tensorferry.torch as tft
 ref = torch.load(sys.argv[1], map_location="cpu", weights_only=True)
 got = tft.load_state_dict(sys.argv[2], device="cpu")
@@ -47,7 +47,7 @@ PY
 } > "$OUT/bin_convert.txt" 2>&1
 rc[bin_convert]=$?
 
-timeout 300 python3 "$ROOT/tests/python/te_import_scenario.py" "$FIX" "$OUT/work" \
+timeout 300 python3 "$ROOT/tests/python/te_import_scenario.py" "$FIX" "$OUT/converted" \
   > "$OUT/te_scenario.txt" 2>&1
 rc[te_scenario]=$?
 
