@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 
 namespace {
 

@@ -15,15 +15,15 @@
 #include <thread>
 #include <vector>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
-#include "planes.hpp"
+#include "codec/planes.hpp"
 #include "planes_data.hpp"
 
 #ifdef FERRY_HAVE_CUDA_KERNELS
 #include <cuda_runtime.h>
 
-#include "planes_cuda.hpp"
+#include "codec/planes_cuda.hpp"
 #endif
 
 namespace {

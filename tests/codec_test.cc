@@ -1,5 +1,5 @@
 // Byte shuffle, zstd chunks and the streaming copy against simple references.
-#include "codec.hpp"
+#include "codec/codec.hpp"
 
 #include <gtest/gtest.h>
 

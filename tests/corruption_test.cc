@@ -10,11 +10,11 @@
 #include <iterator>
 #include <optional>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry_generated.h"
-#include "footer.hpp"
-#include "format.hpp"
+#include "format/footer.hpp"
+#include "format/format.hpp"
 #include "test_util.hpp"
 
 namespace ferry {

@@ -22,12 +22,12 @@
 #include <thread>
 #include <vector>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry/sharded.hpp"
-#include "io.hpp"
-#include "safetensors.hpp"
+#include "io/io.hpp"
+#include "format/safetensors.hpp"
 #include "save_group.hpp"
 #include "test_util.hpp"
 

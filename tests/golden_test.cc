@@ -8,10 +8,10 @@
 #include <fstream>
 #include <iterator>
 
-#include "block_source.hpp"
-#include "codec.hpp"
+#include "format/block_source.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
-#include "footer.hpp"
+#include "format/footer.hpp"
 
 namespace ferry {
 namespace {

@@ -13,13 +13,13 @@
 #include <fstream>
 #include <thread>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
-#include "io.hpp"
-#include "safetensors.hpp"
-#include "strict_json.hpp"
+#include "io/io.hpp"
+#include "format/safetensors.hpp"
+#include "base/strict_json.hpp"
 #include "test_util.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace ferry {
 namespace {

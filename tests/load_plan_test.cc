@@ -1,6 +1,6 @@
-// The loader's plan (src/load_plan.hpp) and the block source it reads through
-// (src/block_source.hpp): pure computation, checked on a small checkpoint.
-#include "load_plan.hpp"
+// The loader's plan (src/load/load_plan.hpp) and the block source it reads through
+// (src/format/block_source.hpp): pure computation, checked on a small checkpoint.
+#include "load/load_plan.hpp"
 
 #include <gtest/gtest.h>
 

@@ -8,12 +8,12 @@
 #include <cstring>
 #include <map>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry_generated.h"
-#include "planes.hpp"
-#include "planes_cuda.hpp"
+#include "codec/planes.hpp"
+#include "codec/planes_cuda.hpp"
 #include "planes_data.hpp"
 #include "test_util.hpp"
 

@@ -1,5 +1,5 @@
 // The PLANES codec on the CPU: bit-exact round trips, the code builder, and corrupt blocks.
-#include "planes.hpp"
+#include "codec/planes.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -9,13 +9,13 @@
 #include <cstring>
 #include <map>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry_generated.h"
 #include "planes_data.hpp"
 #include "test_util.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace ferry {
 namespace {

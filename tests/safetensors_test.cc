@@ -1,7 +1,7 @@
 // safetensors through the Reader: files of the reference library load bit-exactly, malformed
 // headers fail with messages that name the file, the tensor and the offset; the writer and
 // the sharded index.
-#include "safetensors.hpp"
+#include "format/safetensors.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,10 +10,10 @@
 #include <fstream>
 #include <map>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
-#include "footer.hpp"
+#include "format/footer.hpp"
 #include "test_util.hpp"
 
 namespace ferry {

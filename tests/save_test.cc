@@ -16,7 +16,7 @@
 
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
-#include "staging_pool.hpp"
+#include "cuda/staging_pool.hpp"
 #include "test_util.hpp"
 
 #ifdef FERRY_HAVE_CUDA

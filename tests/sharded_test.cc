@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "ferry_generated.h"
-#include "footer.hpp"
-#include "format.hpp"
+#include "format/footer.hpp"
+#include "format/format.hpp"
 #include "save_group.hpp"
 #include "test_util.hpp"
 

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <string>
 
-#include "torch_import/torch_checkpoint.hpp"
-#include "torch_import/unpickle.hpp"
-#include "torch_import/zip.hpp"
+#include "import/torch/torch_checkpoint.hpp"
+#include "import/torch/unpickle.hpp"
+#include "import/torch/zip.hpp"
 
 namespace ferry::torch_import {
 namespace {

@@ -14,10 +14,10 @@
 #include <memory>
 #include <thread>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "cli.hpp"
 #include "ferry/loader.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -8,11 +8,11 @@
 #include <map>
 #include <set>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "cli.hpp"
 #include "fp8_json.hpp"
-#include "safetensors.hpp"
-#include "util.hpp"
+#include "format/safetensors.hpp"
+#include "base/util.hpp"
 
 namespace ferry::cli {
 

@@ -5,8 +5,8 @@
 #include <limits>
 #include <utility>
 
-#include "strict_json.hpp"
-#include "util.hpp"
+#include "base/strict_json.hpp"
+#include "base/util.hpp"
 
 namespace ferry::cli {
 

@@ -4,10 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "cli.hpp"
 #include "fp8_json.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace ferry::cli {
 

@@ -6,9 +6,9 @@
 
 #include "cli.hpp"
 #include "fp8_json.hpp"
-#include "torch_import/import_writer.hpp"
-#include "torch_import/torch_checkpoint.hpp"
-#include "util.hpp"
+#include "import/torch/import_writer.hpp"
+#include "import/torch/torch_checkpoint.hpp"
+#include "base/util.hpp"
 
 namespace ferry::cli {
 

@@ -6,9 +6,9 @@
 #include <system_error>
 #include <thread>
 
-#include "block_source.hpp"
+#include "format/block_source.hpp"
 #include "cli.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace ferry::cli {
 

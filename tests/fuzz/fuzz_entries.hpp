@@ -19,17 +19,17 @@
 #include <string>
 #include <vector>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
-#include "footer.hpp"
-#include "format.hpp"
-#include "planes.hpp"
-#include "safetensors.hpp"
-#include "torch_import/te_extra_state.hpp"
-#include "torch_import/torch_checkpoint.hpp"
-#include "torch_import/unpickle.hpp"
-#include "torch_import/zip.hpp"
+#include "format/footer.hpp"
+#include "format/format.hpp"
+#include "codec/planes.hpp"
+#include "format/safetensors.hpp"
+#include "import/torch/te_extra_state.hpp"
+#include "import/torch/torch_checkpoint.hpp"
+#include "import/torch/unpickle.hpp"
+#include "import/torch/zip.hpp"
 
 namespace ferry::fuzz {
 

@@ -15,8 +15,8 @@
 #include "cli/fp8_json.hpp"
 #include "ferry/ferry.h"
 #include "fuzz_entries.hpp"
-#include "strict_json.hpp"
-#include "util.hpp"
+#include "base/strict_json.hpp"
+#include "base/util.hpp"
 
 namespace ferry::fuzz {
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "codec.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
-#include "planes.hpp"
-#include "safetensors.hpp"
+#include "codec/planes.hpp"
+#include "format/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using namespace ferry;

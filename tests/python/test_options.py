@@ -1,6 +1,6 @@
 """Every C++ option reaches C and Python: the option structs are parsed from the headers, and a
 field of LoaderOptions, WriterOptions or ReaderOptions without a C field (in ferry.h, in the
-ctypes mirror and read by c_api.cc) or a Python keyword fails here."""
+ctypes mirror and read by the C API in src/capi/) or a Python keyword fails here."""
 
 import inspect
 import os
@@ -81,7 +81,9 @@ def test_every_cpp_option_has_a_c_field():
 
 
 def test_c_api_reads_every_c_field():
-    c_api = _read("src/c_api.cc")
+    capi = os.path.join(ROOT, "src", "capi")
+    c_api = "".join(_read(os.path.join("src", "capi", f))
+                    for f in sorted(os.listdir(capi)) if f.endswith(".cc"))
     for _, (_, cname, _, _, _) in OPTIONS.items():
         for field in c_fields(cname):
             assert "FERRY_C_HAS(options, %s)" % field in c_api, "%s.%s" % (cname, field)

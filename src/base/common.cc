@@ -1,0 +1,128 @@
+// Status, dtype and version helpers shared by every layer.
+#include <cstring>
+
+#include "ferry/ferry.hpp"
+#include "base/util.hpp"
+
+namespace ferry {
+
+const char* StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kDataLoss:
+      return "DataLoss";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kUnimplemented:
+      return "Unimplemented";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kCudaError:
+      return "CudaError";
+    case StatusCode::kIoError:
+      return "IoError";
+  }
+  return "Unknown";
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return StrCat(StatusCodeName(code_), ": ", message_);
+}
+
+std::string Quote(std::string_view name) {
+  std::string out = "'";
+  for (unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\') {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += "'";
+  return out;
+}
+
+std::string ErrnoText(int err) {
+  char buf[256];
+  // GNU strerror_r may return a static string instead of filling buf.
+  const char* text = strerror_r(err, buf, sizeof(buf));
+  return StrCat("(", text, ", errno ", err, ")");
+}
+
+const char* VersionString() { return FERRY_VERSION_STRING; }
+
+namespace {
+struct DTypeRow {
+  const char* name;
+  int bits;
+};
+constexpr DTypeRow kDTypes[kNumDTypes] = {
+    {"BOOL", 8},      {"U8", 8},        {"U16", 16},       {"U32", 32},        {"U64", 64},
+    {"I8", 8},        {"I16", 16},      {"I32", 32},       {"I64", 64},        {"F16", 16},
+    {"BF16", 16},     {"F32", 32},      {"F64", 64},       {"C64", 64},        {"C128", 128},
+    {"F8_E4M3FN", 8}, {"F8_E5M2", 8},   {"F8_E8M0FNU", 8}, {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
+    {"F6_E2M3FN", 8}, {"F6_E3M2FN", 8}, {"F4_E2M1FN", 4},
+};
+}  // namespace
+
+bool IsValidDType(uint8_t value) { return value < kNumDTypes; }
+
+const char* DTypeName(DType dtype) {
+  auto v = static_cast<uint8_t>(dtype);
+  return IsValidDType(v) ? kDTypes[v].name : "?";
+}
+
+std::optional<DType> ParseDType(std::string_view name) {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (name == kDTypes[i].name) return static_cast<DType>(i);
+  }
+  return std::nullopt;
+}
+
+int DTypeStorageBits(DType dtype) {
+  auto v = static_cast<uint8_t>(dtype);
+  return IsValidDType(v) ? kDTypes[v].bits : 0;
+}
+
+std::optional<uint64_t> StorageBytes(DType dtype, uint64_t numel) {
+  int bits = DTypeStorageBits(dtype);
+  if (bits == 0) return std::nullopt;
+  if (bits == 4) return numel / 2 + (numel & 1);
+  uint64_t out;
+  if (MulOverflows(numel, static_cast<uint64_t>(bits / 8), &out)) return std::nullopt;
+  return out;
+}
+
+std::optional<uint64_t> NumElements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+    if (MulOverflows(n, static_cast<uint64_t>(d), &n)) return std::nullopt;
+  }
+  return n;
+}
+
+const char* EncodingName(Encoding encoding) {
+  switch (encoding) {
+    case Encoding::kRaw:
+      return "raw";
+    case Encoding::kZstd:
+      return "zstd";
+    case Encoding::kShuffleZstd:
+      return "shuffle+zstd";
+    case Encoding::kPlanes:
+      return "planes";
+  }
+  return "?";
+}
+
+}  // namespace ferry

@@ -1,0 +1,845 @@
+// Distributed loading over the caller's NCCL communicator (include/ferry/distributed.hpp).
+//
+// Plan: the replicated requests, sorted into file order, form one byte sequence; SplitPlan cuts
+// it into nranks * rounds segments on row boundaries. Every rank computes the same plan from
+// the same index, so the broadcast calls (their count, sizes and roots) match across ranks
+// without any exchange except the optional 16-byte plan check.
+#include "ferry/distributed.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "format/block_source.hpp"
+#include "codec/codec.hpp"
+#include "cuda/cuda_util.hpp"
+#include "base/util.hpp"
+
+#ifdef FERRY_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace ferry {
+
+std::vector<PlanPiece> SplitPlan(const std::vector<PlanItem>& items, int nranks, int rounds) {
+  std::vector<PlanPiece> pieces;
+  if (nranks < 1 || rounds < 1 || items.empty()) return pieces;
+  const uint64_t segments = static_cast<uint64_t>(nranks) * static_cast<uint64_t>(rounds);
+  uint64_t total = 0;
+  for (const PlanItem& m : items) total += m.bytes;
+  // cuts[j]: where segment j starts in the concatenation; cuts[segments] is the end.
+  std::vector<uint64_t> cuts(segments + 1, 0);
+  cuts[segments] = total;
+  size_t it = 0;
+  uint64_t start = 0;  // items[it] covers [start, start + items[it].bytes)
+  for (uint64_t j = 1; j < segments; ++j) {
+    auto target = static_cast<uint64_t>(static_cast<unsigned __int128>(total) * j / segments);
+    while (it < items.size() && start + items[it].bytes <= target) start += items[it++].bytes;
+    uint64_t cut = target;
+    if (it < items.size()) {
+      const PlanItem& m = items[it];
+      uint64_t off = target - start;
+      uint64_t snapped;
+      if (m.row_bytes == 0 || m.row_bytes >= m.bytes) {
+        snapped = off * 2 < m.bytes ? 0 : m.bytes;  // whole item to the nearer side
+      } else {
+        uint64_t rows = (off + m.row_bytes / 2) / m.row_bytes;
+        snapped = std::min(rows * m.row_bytes, m.bytes);
+      }
+      cut = start + snapped;
+    }
+    cuts[j] = std::max(cut, cuts[j - 1]);
+  }
+  uint64_t pos = 0;
+  uint32_t seg = 0;
+  for (uint32_t i = 0; i < items.size(); ++i) {
+    uint64_t b = pos, e = pos + items[i].bytes;
+    while (b < e) {
+      while (cuts[seg + 1] <= b) ++seg;
+      uint64_t pe = std::min(e, cuts[seg + 1]);
+      pieces.push_back(PlanPiece{i, seg, b - pos, pe - b});
+      b = pe;
+    }
+    pos = e;
+  }
+  return pieces;
+}
+
+#ifdef FERRY_HAVE_CUDA
+namespace {
+
+// ---- NCCL, found at run time ------------------------------------------------------------
+// Declarations of our own (values from nccl.h, stable across NCCL 2.x), so that neither the
+// build nor the library's load needs NCCL: only DistributedLoader::Create does.
+constexpr int kNcclSuccess = 0;
+constexpr int kNcclInProgress = 7;
+constexpr int kNcclUint8 = 1;
+constexpr int kNcclUint64 = 5;
+constexpr int kNcclMax = 2;
+
+struct NcclApi {
+  int (*get_version)(int*) = nullptr;
+  int (*comm_count)(NcclComm, int*) = nullptr;
+  int (*comm_user_rank)(NcclComm, int*) = nullptr;
+  int (*comm_cu_device)(NcclComm, int*) = nullptr;
+  int (*group_start)() = nullptr;
+  int (*group_end)() = nullptr;
+  int (*broadcast)(const void*, void*, size_t, int, int, NcclComm, cudaStream_t) = nullptr;
+  int (*all_reduce)(const void*, void*, size_t, int, int, NcclComm, cudaStream_t) = nullptr;
+  const char* (*error_string)(int) = nullptr;
+  int (*async_error)(NcclComm, int*) = nullptr;
+  const char* (*last_error)(NcclComm) = nullptr;  // NCCL 2.13+, optional
+  int version = 0;
+};
+
+template <typename Fn>
+bool Bind(void* handle, const char* name, Fn* fn) {
+  *fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  return *fn != nullptr;
+}
+
+// The communicator was made by some NCCL in this process, and only that NCCL may be handed it.
+// So: a library the caller names; else NCCL symbols already global in the process (linked in);
+// else a libnccl.so.2 that is already loaded (RTLD_NOLOAD finds one loaded with RTLD_LOCAL, as
+// Python extensions do); else load libnccl.so.2. Handles are never closed (NCCL keeps threads).
+Result<const NcclApi*> LoadNccl(const std::string& library) {
+  static std::mutex mu;
+  static std::map<std::string, NcclApi>* cache = new std::map<std::string, NcclApi>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache->find(library); it != cache->end()) return &it->second;
+  void* handle = nullptr;
+  // RTLD_DEFAULT is a null pointer in glibc, so "found" is tracked on its own.
+  bool found = false;
+  std::string tried;
+  if (!library.empty()) {
+    handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    found = handle != nullptr;
+    tried = library;
+  } else if (dlsym(RTLD_DEFAULT, "ncclCommCount") != nullptr) {
+    handle = RTLD_DEFAULT;
+    found = true;
+  } else {
+    handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    if (handle == nullptr) handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    found = handle != nullptr;
+    tried = "libnccl.so.2";
+  }
+  if (!found) {
+    const char* why = dlerror();
+    return Error(StatusCode::kUnimplemented, "distributed loading needs NCCL: dlopen(", tried,
+                 ") failed: ", why ? why : "unknown error");
+  }
+  NcclApi api;
+  bool ok = Bind(handle, "ncclGetVersion", &api.get_version) &&
+            Bind(handle, "ncclCommCount", &api.comm_count) &&
+            Bind(handle, "ncclCommUserRank", &api.comm_user_rank) &&
+            Bind(handle, "ncclCommCuDevice", &api.comm_cu_device) &&
+            Bind(handle, "ncclGroupStart", &api.group_start) &&
+            Bind(handle, "ncclGroupEnd", &api.group_end) &&
+            Bind(handle, "ncclBroadcast", &api.broadcast) &&
+            Bind(handle, "ncclAllReduce", &api.all_reduce) &&
+            Bind(handle, "ncclGetErrorString", &api.error_string) &&
+            Bind(handle, "ncclCommGetAsyncError", &api.async_error);
+  if (!ok) {
+    return Error(StatusCode::kUnimplemented, "distributed loading: the NCCL library (",
+                 tried.empty() ? "linked into the process" : tried,
+                 ") lacks a required function (NCCL 2.4 or newer is needed)");
+  }
+  Bind(handle, "ncclGetLastError", &api.last_error);
+  api.get_version(&api.version);
+  return &cache->emplace(library, api).first->second;
+}
+
+// A non-blocking communicator answers ncclInProgress; its result arrives through the async
+// error query.
+int SettleNccl(const NcclApi& api, NcclComm comm, int rc) {
+  while (rc == kNcclInProgress) {
+    int state = kNcclSuccess;
+    if (api.async_error(comm, &state) != kNcclSuccess) break;
+    rc = state;
+    if (rc == kNcclInProgress) std::this_thread::yield();
+  }
+  return rc;
+}
+
+Status NcclStatus(const NcclApi& api, NcclComm comm, int rc, const char* what) {
+  rc = SettleNccl(api, comm, rc);
+  if (rc == kNcclSuccess) return Status::Ok();
+  const char* last = api.last_error ? api.last_error(comm) : nullptr;
+  return Error(StatusCode::kCudaError, "NCCL ", what, " failed: ", api.error_string(rc),
+               last && *last ? StrCat(" (", last, ")") : std::string());
+}
+
+// NCCL takes size_t counts, but large single operations have had limits in some versions;
+// pieces of 1 GiB cost nothing measurable.
+constexpr uint64_t kMaxBroadcastBytes = uint64_t{1} << 30;
+// Bounds the work NCCL fuses into one group launch.
+constexpr size_t kMaxGroupOps = 256;
+constexpr uint64_t kArenaAlign = 256;
+
+// What the plan needs to know of the checkpoint: its shards and a name lookup.
+struct Source {
+  std::vector<const Reader*> shards;
+  std::function<Result<std::pair<uint32_t, size_t>>(std::string_view)> find;
+  std::function<std::vector<std::string>()> names;
+  std::string path;
+};
+
+Source FromReader(const Reader& reader) {
+  Source s;
+  s.shards.push_back(&reader);
+  s.find = [&reader](std::string_view name) -> Result<std::pair<uint32_t, size_t>> {
+    FERRY_ASSIGN_OR_RETURN(size_t i, BlocksOf(reader).Lookup(name));
+    return std::make_pair(uint32_t{0}, i);
+  };
+  s.names = [&reader] { return reader.names(); };
+  s.path = reader.path();
+  return s;
+}
+
+Source FromSharded(const ShardedCheckpoint& ck) {
+  Source s;
+  for (size_t i = 0; i < ck.num_shards(); ++i) s.shards.push_back(ck.shard(i).get());
+  s.find = [&ck](std::string_view name) -> Result<std::pair<uint32_t, size_t>> {
+    FERRY_ASSIGN_OR_RETURN(auto loc, ck.Find(name));
+    return std::make_pair(static_cast<uint32_t>(loc.shard), loc.info.index);
+  };
+  s.names = [&ck] { return ck.names(); };
+  s.path = ck.path();
+  return s;
+}
+
+// One replicated request, resolved.
+struct Item {
+  size_t request = 0;  // index into the caller's requests (or the names list)
+  uint32_t shard = 0;
+  size_t tensor = 0;
+  TensorInfo info;          // shape already narrowed to the requested rows
+  int64_t row0 = 0;         // first requested row (0 for whole tensors)
+  bool whole = true;        // no row range was requested
+  uint64_t file_begin = 0;  // file offset of the first requested byte, for ordering
+  uint64_t len = 0;
+  uint64_t row_bytes = 0;  // 0: not cut between rows
+  uint8_t* caller_dst = nullptr;
+  uint64_t arena_off = 0;
+};
+
+// One broadcast: `bytes` at `ptr` from `root`.
+struct Op {
+  uint8_t* ptr;
+  uint64_t bytes;
+  int root;
+  bool arena;  // inside the call's own allocation (may absorb the next arena piece)
+};
+
+}  // namespace
+
+class DistributedLoader::Impl {
+ public:
+  NcclComm comm = nullptr;
+  const NcclApi* nccl = nullptr;
+  DistributedOptions options;
+  int rank = 0, nranks = 1, device = -1;
+  CUcontext ctx = nullptr;
+  std::unique_ptr<Loader> loader;
+  cudaStream_t side = nullptr;  // broadcasts and the small all-reduces
+  cudaEvent_t loaded = nullptr, done = nullptr;
+  uint64_t* scratch = nullptr;  // 4 words of device memory for the all-reduces
+  std::mutex mu;
+  DistributedStats stats;
+
+  ~Impl() {
+    ScopedContext scope(ctx);
+    if (side != nullptr) {
+      if (scratch != nullptr) cudaFreeAsync(scratch, side);
+      cudaStreamSynchronize(side);
+      cudaStreamDestroy(side);
+    }
+    if (loaded != nullptr) cudaEventDestroy(loaded);
+    if (done != nullptr) cudaEventDestroy(done);
+  }
+
+  Status CheckDevice(const std::string& where) const {
+    int dev = -1;
+    FERRY_CUDA_RETURN(cudaGetDevice(&dev), where);
+    if (dev != device) {
+      return Error(StatusCode::kInvalidArgument, where, ": the communicator's device is ", device,
+                   " but device ", dev, " is current; make device ", device, " current first");
+    }
+    return Status::Ok();
+  }
+
+  // Max over ranks of `words` (2 of them), through the device scratch; waits for the result
+  // (on the internal stream only).
+  Status AllReduceMax(uint64_t* words, const std::string& where) {
+    // Pageable host memory: the copies stage through the driver, and the copy back returns
+    // only when the all-reduce is done.
+    FERRY_CUDA_RETURN(cudaMemcpyAsync(scratch, words, 16, cudaMemcpyHostToDevice, side), where);
+    FERRY_RETURN_IF_ERROR(NcclStatus(
+        *nccl, comm, nccl->all_reduce(scratch, scratch + 2, 2, kNcclUint64, kNcclMax, comm, side),
+        "all-reduce"));
+    FERRY_CUDA_RETURN(cudaMemcpyAsync(words, scratch + 2, 16, cudaMemcpyDeviceToHost, side), where);
+    FERRY_CUDA_RETURN(cudaStreamSynchronize(side), where);
+    return Status::Ok();
+  }
+
+  // Planning: resolves requests into replicated items and local requests.
+  Status Resolve(const Source& src, const std::vector<DistributedRequest>& requests,
+                 std::vector<Item>* items, std::vector<size_t>* locals) {
+    auto add = [&](size_t k, std::string_view name, int64_t row_begin, int64_t row_end, void* dst,
+                   uint64_t dst_bytes) -> Status {
+      FERRY_ASSIGN_OR_RETURN(auto where, src.find(name));
+      const BlockSource& r = BlocksOf(*src.shards[where.first]);
+      FERRY_ASSIGN_OR_RETURN(Extent e, r.Locate(where.second, row_begin, row_end));
+      Item m;
+      m.request = k;
+      m.shard = where.first;
+      m.tensor = e.tensor;
+      m.whole = row_begin == 0 && row_end < 0;
+      m.row0 = m.whole ? 0 : row_begin;
+      m.len = e.len;
+      m.file_begin = e.file_offset();
+      // Cut only where the Loader can start a row range: a row must start on a byte. A tensor
+      // of one row is not cut.
+      if (!m.whole || (!e.info.shape.empty() && e.info.shape[0] > 1)) {
+        auto one = r.RowRange(m.tensor, 0, 1);
+        if (one.ok() && one->second < r.RawSize(m.tensor)) m.row_bytes = one->second;
+      }
+      m.info = std::move(e.info);
+      if (dst != nullptr) {
+        if (dst_bytes < m.len) {
+          return Error(StatusCode::kInvalidArgument, r.Where(m.tensor), ": needs ", m.len,
+                       " bytes, destination holds ", dst_bytes);
+        }
+        m.caller_dst = static_cast<uint8_t*>(dst);
+      }
+      items->push_back(std::move(m));
+      return Status::Ok();
+    };
+    if (requests.empty()) {
+      std::vector<std::string> names = src.names();
+      for (size_t k = 0; k < names.size(); ++k) {
+        FERRY_RETURN_IF_ERROR(add(k, names[k], 0, -1, nullptr, 0));
+      }
+    } else {
+      for (size_t k = 0; k < requests.size(); ++k) {
+        const DistributedRequest& q = requests[k];
+        if (q.local) {
+          FERRY_RETURN_IF_ERROR(src.find(q.name).status());  // fail at planning, not later
+          locals->push_back(k);
+          continue;
+        }
+        FERRY_RETURN_IF_ERROR(add(k, q.name, q.row_begin, q.row_end, q.dst, q.dst_bytes));
+      }
+    }
+    // File order (per shard) makes every rank's reads stream through the files. The key holds
+    // only what every rank shares (not buffer addresses), so all ranks sort alike; items with
+    // equal keys are interchangeable for the plan.
+    auto key = [](const Item& m) {
+      return std::make_tuple(m.shard, m.file_begin, m.len, std::string_view(m.info.name),
+                             m.caller_dst != nullptr);
+    };
+    std::stable_sort(items->begin(), items->end(),
+                     [&](const Item& a, const Item& b) { return key(a) < key(b); });
+    return Status::Ok();
+  }
+
+  uint64_t PlanHash(const std::vector<Item>& items) const {
+    std::string key = StrCat(nranks, "/", options.rounds, "/", items.size(), "\n");
+    for (const Item& m : items) {
+      key += StrCat(m.shard, " ", m.info.name, " ", m.file_begin, " ", m.len, " ", m.row_bytes, " ",
+                    m.caller_dst != nullptr, "\n");
+    }
+    uint64_t h = Checksum64(key.data(), key.size());
+    return h == UINT64_MAX ? h - 1 : h;  // UINT64_MAX marks a rank that failed to plan
+  }
+
+  struct Outcome {
+    Result<std::vector<LoadedTensor>> result;
+    bool collective = false;  // every rank reached the enqueue phase (Load may agree on status)
+  };
+
+  Outcome Run(const Source& src, const std::vector<DistributedRequest>& requests, Stream stream,
+              const DeviceAllocator* alloc) {
+    auto t0 = std::chrono::steady_clock::now();
+    cudaStream_t cstream = reinterpret_cast<cudaStream_t>(stream);
+    if (Status st = CheckDevice(src.path); !st.ok()) return {st, false};
+    if (alloc != nullptr && !alloc->allocate) {
+      return {Error(StatusCode::kInvalidArgument, src.path, ": allocator without allocate"), false};
+    }
+    stats = DistributedStats{};
+    stats.rank = rank;
+    stats.nranks = nranks;
+
+    // ---- plan (local failures are reported to the other ranks by the plan check) ----------
+    std::vector<Item> items;
+    std::vector<size_t> locals;
+    Status plan_status = Resolve(src, requests, &items, &locals);
+    uint64_t arena_bytes = 0;
+    std::shared_ptr<void> arena;
+    if (plan_status.ok()) {
+      for (Item& m : items) {
+        if (m.caller_dst != nullptr || m.len == 0) continue;
+        m.arena_off = arena_bytes;
+        arena_bytes += AlignUp(m.len, kArenaAlign);
+      }
+      if (arena_bytes > 0) {
+        auto allocated = Allocate(arena_bytes, cstream, alloc, src.path);
+        if (allocated.ok()) {
+          arena = *allocated;
+        } else {
+          plan_status = allocated.status();
+        }
+      }
+    }
+    if (options.check_plan) {
+      uint64_t h = plan_status.ok() ? PlanHash(items) : UINT64_MAX;
+      uint64_t words[2] = {h, ~h};
+      if (plan_status.ok()) {
+        if (Status st = AllReduceMax(words, src.path); !st.ok()) return {st, false};
+        if (words[0] != h || words[1] != ~h) {
+          return {Error(StatusCode::kInvalidArgument, src.path, ": rank ", rank,
+                        ": the ranks disagree on the replicated requests (or another rank "
+                        "failed to plan); every rank must request the same tensors and rows, "
+                        "with or without a destination alike"),
+                  false};
+        }
+      } else {
+        words[1] = UINT64_MAX;
+        if (Status st = AllReduceMax(words, src.path); !st.ok()) return {st, false};
+        return {plan_status, false};
+      }
+    } else if (!plan_status.ok()) {
+      return {plan_status, false};
+    }
+
+    // ---- destinations and broadcasts -------------------------------------------------------
+    std::vector<PlanItem> plan_items(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      plan_items[i] = PlanItem{items[i].len, items[i].row_bytes};
+    }
+    const int rounds = options.rounds;
+    std::vector<PlanPiece> pieces = SplitPlan(plan_items, nranks, rounds);
+    auto dst_of = [&](const Item& m) {
+      return m.caller_dst != nullptr ? m.caller_dst
+                                     : static_cast<uint8_t*>(arena.get()) + m.arena_off;
+    };
+    const size_t nseg = static_cast<size_t>(nranks) * rounds;
+    std::vector<std::vector<Op>> ops(nseg);
+    std::vector<std::vector<const PlanPiece*>> mine(rounds);
+    for (const PlanPiece& p : pieces) {
+      const Item& m = items[p.item];
+      const int root = static_cast<int>(p.segment / rounds);
+      uint8_t* ptr = dst_of(m) + p.begin;
+      std::vector<Op>& seg_ops = ops[p.segment];
+      // Arena pieces of one segment lie in order with less than kArenaAlign bytes of padding
+      // between them: one broadcast covers them all, however many tensors they hold. Whether
+      // pieces join depends only on the shared plan, so every rank issues the same calls.
+      const bool arena_piece = m.caller_dst == nullptr;
+      bool joined = false;
+      if (arena_piece && !seg_ops.empty() && seg_ops.back().arena) {
+        Op& last = seg_ops.back();
+        uint8_t* end = last.ptr + last.bytes;
+        if (ptr >= end && static_cast<uint64_t>(ptr - end) < kArenaAlign) {
+          last.bytes = static_cast<uint64_t>(ptr + p.len - last.ptr);
+          joined = true;
+        }
+      }
+      if (!joined) seg_ops.push_back(Op{ptr, p.len, root, arena_piece});
+      if (root == rank) {
+        mine[p.segment % rounds].push_back(&p);
+        stats.bytes_read += p.len;
+      } else {
+        stats.bytes_received += p.len;
+      }
+    }
+
+    // ---- enqueue: read round k on `stream`, broadcast it on `side` -------------------------
+    Status failure;  // first local failure; collectives still go out so no rank hangs
+    for (int k = 0; k < rounds; ++k) {
+      if (failure.ok()) failure = ReadPieces(src, items, mine[k], dst_of, cstream);
+      cudaError_t err = cudaEventRecord(loaded, cstream);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(side, loaded, 0);
+      if (err != cudaSuccess) {
+        // Without the dependency the broadcasts could send unread bytes: stop here.
+        return {CudaStatus(err, src.path, "ordering broadcasts after reads"), false};
+      }
+      std::vector<Op> round_ops;
+      for (int r = 0; r < nranks; ++r) {
+        const std::vector<Op>& seg_ops = ops[static_cast<size_t>(r) * rounds + k];
+        round_ops.insert(round_ops.end(), seg_ops.begin(), seg_ops.end());
+      }
+      if (Status st = Broadcast(round_ops); !st.ok()) return {st, false};
+    }
+    std::vector<LoadedTensor> out(requests.empty() ? items.size() : requests.size());
+    if (failure.ok() && !locals.empty())
+      failure = ReadLocals(src, requests, locals, cstream, alloc, &out);
+    cudaError_t err = cudaEventRecord(done, side);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(cstream, done, 0);
+    if (err != cudaSuccess)
+      return {CudaStatus(err, src.path, "joining the broadcast stream"), true};
+    if (!failure.ok()) return {failure, true};
+
+    for (const Item& m : items) {
+      LoadedTensor& t = out[m.request];
+      t.info = m.info;
+      t.nbytes = m.len;
+      t.device = device;
+      if (m.len == 0) continue;
+      t.data = dst_of(m);
+      if (m.caller_dst == nullptr) t.owner = std::shared_ptr<void>(arena, t.data);
+    }
+    stats.bytes = stats.bytes_read + stats.bytes_received;
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return {std::move(out), true};
+  }
+
+  Result<std::shared_ptr<void>> Allocate(uint64_t bytes, cudaStream_t stream,
+                                         const DeviceAllocator* alloc, const std::string& where) {
+    CUcontext c = ctx;
+    if (alloc != nullptr) {
+      void* p = alloc->allocate(bytes, reinterpret_cast<Stream>(stream));
+      if (p == nullptr) {
+        return Error(StatusCode::kResourceExhausted, where,
+                     ": the allocator returned no memory for ", bytes, " bytes");
+      }
+      auto dealloc = alloc->deallocate;
+      return std::shared_ptr<void>(p, [dealloc, bytes, stream, c](void* q) {
+        ScopedContext scope(c);
+        if (dealloc) dealloc(q, bytes, reinterpret_cast<Stream>(stream));
+      });
+    }
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, bytes, stream);
+    if (err != cudaSuccess) return CudaStatus(err, where, "cudaMallocAsync");
+    return std::shared_ptr<void>(p, [stream, c](void* q) {
+      ScopedContext scope(c);
+      cudaFreeAsync(q, stream);
+    });
+  }
+
+  template <typename DstOf>
+  Status ReadPieces(const Source& src, const std::vector<Item>& items,
+                    const std::vector<const PlanPiece*>& pieces, const DstOf& dst_of,
+                    cudaStream_t stream) {
+    std::vector<std::vector<LoadRequest>> per_shard(src.shards.size());
+    for (const PlanPiece* p : pieces) {
+      const Item& m = items[p->item];
+      LoadRequest q;
+      q.name = m.info.name;
+      if (p->begin == 0 && p->len == m.len) {
+        if (!m.whole) {
+          q.row_begin = m.row0;
+          q.row_end = m.row0 + m.info.shape[0];
+        }
+      } else {
+        // SplitPlan cuts inside an item only on row boundaries.
+        q.row_begin = m.row0 + static_cast<int64_t>(p->begin / m.row_bytes);
+        q.row_end = q.row_begin + static_cast<int64_t>(p->len / m.row_bytes);
+      }
+      q.dst = dst_of(m) + p->begin;
+      q.dst_bytes = p->len;
+      per_shard[m.shard].push_back(std::move(q));
+    }
+    for (size_t s = 0; s < per_shard.size(); ++s) {
+      if (per_shard[s].empty()) continue;
+      FERRY_RETURN_IF_ERROR(
+          loader->LoadAsync(*src.shards[s], per_shard[s], Stream(stream)).status());
+      stats.used_direct_io = stats.used_direct_io || loader->last_stats().used_direct_io;
+    }
+    return Status::Ok();
+  }
+
+  Status ReadLocals(const Source& src, const std::vector<DistributedRequest>& requests,
+                    const std::vector<size_t>& locals, cudaStream_t stream,
+                    const DeviceAllocator* alloc, std::vector<LoadedTensor>* out) {
+    // Grouped by shard, one Loader call each; results go back to their request slots.
+    std::map<uint32_t, std::pair<std::vector<LoadRequest>, std::vector<size_t>>> by_shard;
+    for (size_t k : locals) {
+      const DistributedRequest& q = requests[k];
+      FERRY_ASSIGN_OR_RETURN(auto where, src.find(q.name));
+      auto& [reqs, slots] = by_shard[where.first];
+      reqs.push_back(LoadRequest{q.name, q.row_begin, q.row_end, q.dst, q.dst_bytes});
+      slots.push_back(k);
+    }
+    for (auto& [shard, entry] : by_shard) {
+      FERRY_ASSIGN_OR_RETURN(auto loaded_tensors, loader->LoadAsync(*src.shards[shard], entry.first,
+                                                                    Stream(stream), alloc));
+      stats.used_direct_io = stats.used_direct_io || loader->last_stats().used_direct_io;
+      for (size_t j = 0; j < loaded_tensors.size(); ++j) {
+        stats.bytes_read += loaded_tensors[j].nbytes;
+        (*out)[entry.second[j]] = std::move(loaded_tensors[j]);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Broadcast(const std::vector<Op>& round_ops) {
+    size_t in_group = 0;
+    bool open = false;
+    auto close = [&]() -> Status {
+      if (!open) return Status::Ok();
+      open = false;
+      in_group = 0;
+      return NcclStatus(*nccl, comm, nccl->group_end(), "group end (broadcasts)");
+    };
+    for (const Op& op : round_ops) {
+      for (uint64_t off = 0; off < op.bytes; off += kMaxBroadcastBytes) {
+        if (!open) {
+          FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->group_start(), "group start"));
+          open = true;
+        }
+        uint64_t n = std::min(kMaxBroadcastBytes, op.bytes - off);
+        int rc = nccl->broadcast(op.ptr + off, op.ptr + off, n, kNcclUint8, op.root, comm, side);
+        if (rc != kNcclSuccess && rc != kNcclInProgress) {
+          Status st = NcclStatus(*nccl, comm, rc, "broadcast");
+          (void)close();
+          return st;
+        }
+        ++stats.broadcasts;
+        if (++in_group == kMaxGroupOps) FERRY_RETURN_IF_ERROR(close());
+      }
+    }
+    return close();
+  }
+
+  // Load's epilogue: every rank learns whether any rank failed.
+  Status Agree(Status mine, const std::string& where) {
+    uint64_t words[2] = {mine.ok() ? 0u : 1u, 0};
+    FERRY_RETURN_IF_ERROR(AllReduceMax(words, where));
+    if (!mine.ok()) return mine;
+    if (words[0] != 0) {
+      return Error(StatusCode::kInternal, where, ": rank ", rank,
+                   ": another rank failed this distributed load (its error says why)");
+    }
+    return Status::Ok();
+  }
+};
+
+DistributedLoader::DistributedLoader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DistributedLoader::~DistributedLoader() = default;
+
+Result<std::unique_ptr<DistributedLoader>> DistributedLoader::Create(NcclComm comm,
+                                                                     DistributedOptions options) {
+  if (comm == nullptr)
+    return Error(StatusCode::kInvalidArgument, "DistributedLoader: null communicator");
+  if (options.rounds < 1 || options.rounds > 64) {
+    return Error(StatusCode::kInvalidArgument, "DistributedOptions.rounds ", options.rounds,
+                 " outside [1, 64]");
+  }
+  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl, LoadNccl(options.nccl_library));
+  auto impl = std::make_unique<Impl>();
+  impl->comm = comm;
+  impl->nccl = nccl;
+  int comm_dev = -1, dev = -1;
+  FERRY_CUDA_RETURN(cudaGetDevice(&dev), "DistributedLoader");
+  FERRY_RETURN_IF_ERROR(
+      NcclStatus(*nccl, comm, nccl->comm_cu_device(comm, &comm_dev), "comm device"));
+  if (comm_dev != dev) {
+    return Error(StatusCode::kInvalidArgument, "DistributedLoader: the communicator's device is ",
+                 comm_dev, " but device ", dev, " is current; make device ", comm_dev,
+                 " current first");
+  }
+  FERRY_RETURN_IF_ERROR(
+      NcclStatus(*nccl, comm, nccl->comm_count(comm, &impl->nranks), "comm count"));
+  FERRY_RETURN_IF_ERROR(
+      NcclStatus(*nccl, comm, nccl->comm_user_rank(comm, &impl->rank), "comm rank"));
+  impl->device = dev;
+  // The current device's context, made current on this thread if it is not yet (never another).
+  FERRY_CUDA_RETURN(cudaFree(nullptr), "DistributedLoader");
+  if (Driver().ok) Driver().ctx_get_current(&impl->ctx);
+  FERRY_ASSIGN_OR_RETURN(impl->loader, Loader::Create(options.loader));
+  impl->options = std::move(options);
+  FERRY_CUDA_RETURN(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking),
+                    "DistributedLoader");
+  FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&impl->loaded, cudaEventDisableTiming),
+                    "DistributedLoader");
+  FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&impl->done, cudaEventDisableTiming),
+                    "DistributedLoader");
+  void* scratch = nullptr;
+  FERRY_CUDA_RETURN(cudaMallocAsync(&scratch, 4 * sizeof(uint64_t), impl->side),
+                    "DistributedLoader");
+  impl->scratch = static_cast<uint64_t*>(scratch);
+  return std::unique_ptr<DistributedLoader>(new DistributedLoader(std::move(impl)));
+}
+
+namespace {
+
+Result<std::vector<LoadedTensor>> RunAsync(DistributedLoader::Impl& impl, const Source& src,
+                                           const std::vector<DistributedRequest>& requests,
+                                           Stream stream, const DeviceAllocator* alloc) {
+  std::lock_guard<std::mutex> lock(impl.mu);
+  return impl.Run(src, requests, stream, alloc).result;
+}
+
+Result<std::vector<LoadedTensor>> RunSync(DistributedLoader::Impl& impl, const Source& src,
+                                          const std::vector<DistributedRequest>& requests,
+                                          Stream stream, const DeviceAllocator* alloc) {
+  std::lock_guard<std::mutex> lock(impl.mu);
+  auto t0 = std::chrono::steady_clock::now();
+  auto outcome = impl.Run(src, requests, stream, alloc);
+  if (!outcome.collective) return std::move(outcome.result);
+  FERRY_RETURN_IF_ERROR(impl.Agree(outcome.result.status(), src.path));
+  cudaError_t err = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return CudaStatus(err, src.path, "cudaStreamSynchronize");
+  impl.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::move(outcome.result);
+}
+
+}  // namespace
+
+Result<std::vector<LoadedTensor>> DistributedLoader::LoadAsync(
+    const Reader& reader, const std::vector<DistributedRequest>& requests, Stream stream,
+    const DeviceAllocator* allocator) {
+  return RunAsync(*impl_, FromReader(reader), requests, stream, allocator);
+}
+
+Result<std::vector<LoadedTensor>> DistributedLoader::LoadAsync(
+    const ShardedCheckpoint& checkpoint, const std::vector<DistributedRequest>& requests,
+    Stream stream, const DeviceAllocator* allocator) {
+  return RunAsync(*impl_, FromSharded(checkpoint), requests, stream, allocator);
+}
+
+Result<std::vector<LoadedTensor>> DistributedLoader::Load(
+    const Reader& reader, const std::vector<DistributedRequest>& requests, Stream stream,
+    const DeviceAllocator* allocator) {
+  return RunSync(*impl_, FromReader(reader), requests, stream, allocator);
+}
+
+Result<std::vector<LoadedTensor>> DistributedLoader::Load(
+    const ShardedCheckpoint& checkpoint, const std::vector<DistributedRequest>& requests,
+    Stream stream, const DeviceAllocator* allocator) {
+  return RunSync(*impl_, FromSharded(checkpoint), requests, stream, allocator);
+}
+
+int DistributedLoader::rank() const { return impl_->rank; }
+int DistributedLoader::nranks() const { return impl_->nranks; }
+int DistributedLoader::device() const { return impl_->device; }
+DistributedStats DistributedLoader::last_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+namespace {
+
+// What NcclSaveGroup's all-reduce needs, alive as long as any copy of the group.
+struct NcclReducer {
+  NcclComm comm = nullptr;
+  const NcclApi* nccl = nullptr;
+  CUcontext ctx = nullptr;
+  cudaStream_t stream = nullptr;
+  uint64_t* scratch = nullptr;  // kWords in, kWords out
+  static constexpr size_t kWords = 16;
+  std::mutex mu;
+
+  ~NcclReducer() {
+    ScopedContext scope(ctx);
+    if (scratch != nullptr) cudaFree(scratch);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  Status AllReduceMax(uint64_t* words, size_t count) {
+    std::lock_guard<std::mutex> lock(mu);
+    ScopedContext scope(ctx);
+    for (size_t at = 0; at < count; at += kWords) {
+      const size_t n = std::min(kWords, count - at);
+      FERRY_CUDA_RETURN(cudaMemcpyAsync(scratch, words + at, n * 8, cudaMemcpyHostToDevice, stream),
+                        "save group");
+      FERRY_RETURN_IF_ERROR(NcclStatus(
+          *nccl, comm,
+          nccl->all_reduce(scratch, scratch + kWords, n, kNcclUint64, kNcclMax, comm, stream),
+          "all-reduce"));
+      FERRY_CUDA_RETURN(
+          cudaMemcpyAsync(words + at, scratch + kWords, n * 8, cudaMemcpyDeviceToHost, stream),
+          "save group");
+      FERRY_CUDA_RETURN(cudaStreamSynchronize(stream), "save group");
+    }
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+Result<SaveGroup> NcclSaveGroup(NcclComm comm, const std::string& nccl_library) {
+  if (comm == nullptr)
+    return Error(StatusCode::kInvalidArgument, "NcclSaveGroup: null communicator");
+  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl, LoadNccl(nccl_library));
+  auto r = std::make_shared<NcclReducer>();
+  r->comm = comm;
+  r->nccl = nccl;
+  int comm_dev = -1, dev = -1;
+  FERRY_CUDA_RETURN(cudaGetDevice(&dev), "NcclSaveGroup");
+  FERRY_RETURN_IF_ERROR(
+      NcclStatus(*nccl, comm, nccl->comm_cu_device(comm, &comm_dev), "comm device"));
+  if (comm_dev != dev) {
+    return Error(StatusCode::kInvalidArgument, "NcclSaveGroup: the communicator's device is ",
+                 comm_dev, " but device ", dev, " is current; make device ", comm_dev,
+                 " current first");
+  }
+  SaveGroup g;
+  FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->comm_count(comm, &g.nranks), "comm count"));
+  FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->comm_user_rank(comm, &g.rank), "comm rank"));
+  FERRY_CUDA_RETURN(cudaFree(nullptr), "NcclSaveGroup");
+  if (Driver().ok) Driver().ctx_get_current(&r->ctx);
+  FERRY_CUDA_RETURN(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking), "NcclSaveGroup");
+  void* scratch = nullptr;
+  FERRY_CUDA_RETURN(cudaMalloc(&scratch, 2 * NcclReducer::kWords * sizeof(uint64_t)),
+                    "NcclSaveGroup");
+  r->scratch = static_cast<uint64_t*>(scratch);
+  g.all_reduce_max = [r](uint64_t* words, size_t count) { return r->AllReduceMax(words, count); };
+  return g;
+}
+
+#else  // !FERRY_HAVE_CUDA
+
+Result<SaveGroup> NcclSaveGroup(NcclComm, const std::string&) {
+  return Error(StatusCode::kUnimplemented,
+               "this build of TensorFerry has no CUDA support, so no NCCL save group");
+}
+
+class DistributedLoader::Impl {};
+
+DistributedLoader::DistributedLoader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DistributedLoader::~DistributedLoader() = default;
+
+Result<std::unique_ptr<DistributedLoader>> DistributedLoader::Create(NcclComm, DistributedOptions) {
+  return Error(StatusCode::kUnimplemented,
+               "this build of TensorFerry has no CUDA support, so no distributed loading");
+}
+
+// No DistributedLoader exists in this build; these only satisfy the linker.
+Result<std::vector<LoadedTensor>> DistributedLoader::LoadAsync(
+    const Reader&, const std::vector<DistributedRequest>&, Stream, const DeviceAllocator*) {
+  return Error(StatusCode::kUnimplemented, "no CUDA support");
+}
+Result<std::vector<LoadedTensor>> DistributedLoader::LoadAsync(
+    const ShardedCheckpoint&, const std::vector<DistributedRequest>&, Stream,
+    const DeviceAllocator*) {
+  return Error(StatusCode::kUnimplemented, "no CUDA support");
+}
+Result<std::vector<LoadedTensor>> DistributedLoader::Load(const Reader&,
+                                                          const std::vector<DistributedRequest>&,
+                                                          Stream, const DeviceAllocator*) {
+  return Error(StatusCode::kUnimplemented, "no CUDA support");
+}
+Result<std::vector<LoadedTensor>> DistributedLoader::Load(const ShardedCheckpoint&,
+                                                          const std::vector<DistributedRequest>&,
+                                                          Stream, const DeviceAllocator*) {
+  return Error(StatusCode::kUnimplemented, "no CUDA support");
+}
+int DistributedLoader::rank() const { return 0; }
+int DistributedLoader::nranks() const { return 1; }
+int DistributedLoader::device() const { return -1; }
+DistributedStats DistributedLoader::last_stats() const { return {}; }
+
+#endif  // FERRY_HAVE_CUDA
+
+}  // namespace ferry

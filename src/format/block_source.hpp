@@ -1,0 +1,144 @@
+// The one seam between a checkpoint's stored bytes and everything that consumes them: the
+// Reader's public methods, the loader, the distributed loader, sharded checkpoints and the
+// `ferry` command locate, read, decode and verify a tensor's stored blocks only through here.
+//
+// A tensor is stored as blocks of `block_size` raw bytes (the last one shorter). A raw tensor's
+// blocks lie back to back; an encoded tensor has one stored block per raw block (zstd, or kept
+// as is where compression did not pay), listed in its block table. Every block has an XXH3-64
+// checksum of its raw bytes, except in safetensors files, which store none.
+//
+// Thread safety: a BlockSource is immutable after construction; every method may be called
+// from any number of threads at once. Reads that decode use per-thread scratch buffers.
+#ifndef FERRY_SRC_FORMAT_BLOCK_SOURCE_HPP_
+#define FERRY_SRC_FORMAT_BLOCK_SOURCE_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "ferry/ferry.hpp"
+#include "io/io.hpp"
+
+namespace ferry {
+
+namespace fb {
+struct Checkpoint;
+struct Tensor;
+}  // namespace fb
+
+// A byte range of one stored tensor: the whole tensor, or rows of its dimension 0.
+struct Extent {
+  size_t tensor = 0;   // index in the source, in name order
+  uint64_t begin = 0;  // raw bytes [begin, begin + len) of the tensor
+  uint64_t len = 0;
+  TensorInfo info;  // `shape` narrowed to the rows
+  // File offset of the first stored byte of a raw range (the tensor's start if encoded).
+  uint64_t file_offset() const { return info.data_offset + begin; }
+};
+
+// Where one stored block lies and what it holds.
+struct StoredBlock {
+  uint64_t file_offset = 0;  // absolute offset of its stored bytes
+  uint64_t stored_size = 0;
+  uint64_t raw_offset = 0;  // of its raw bytes within the tensor
+  uint64_t raw_size = 0;
+  bool compressed = false;  // a zstd frame; otherwise the raw bytes themselves
+  bool planes = false;      // a PLANES block (docs/PLANES.md); `compressed` is then false
+};
+
+// How a read reaches the file and what it does with the bytes.
+struct ReadPath {
+  bool verify = false;  // check the checksum of every block read
+  // Write raw bytes with non-temporal stores (DMA staging buffers the CPU does not read
+  // again); such bytes are verified in the file instead of in `dst`.
+  bool streaming = false;
+  // Read stored bytes with O_DIRECT through this file instead of the mapping (null: mapping).
+  const DirectFile* direct = nullptr;
+};
+
+class BlockSource {
+ public:
+  // The parsed index and the memory it points into (a copy of the footer, or an index
+  // synthesized from a safetensors header).
+  struct Index {
+    const fb::Checkpoint* root = nullptr;
+    std::shared_ptr<const void> memory;
+    bool safetensors = false;  // no checksums; tensors at any byte offset
+  };
+  BlockSource(std::string path, std::shared_ptr<const Mapping> mapping, Index index);
+
+  const std::string& path() const { return path_; }
+  const fb::Checkpoint* index() const { return index_.root; }
+  bool safetensors() const { return index_.safetensors; }
+  bool has_checksums() const { return !index_.safetensors; }
+  // The whole file, mapped read-only. Views and DMA from the page cache read it in place.
+  const std::shared_ptr<const Mapping>& mapping() const { return mapping_; }
+
+  // ---- tensors ----
+  size_t size() const;
+  const fb::Tensor* at(size_t i) const;
+  // Index of `name`, or -1 (O(log n)).
+  int64_t IndexOf(std::string_view name) const;
+  // As IndexOf; NotFound names the file and the tensor.
+  Result<size_t> Lookup(std::string_view name) const;
+  TensorInfo Info(size_t i) const;
+  std::string_view Name(size_t i) const;
+  uint64_t RawSize(size_t i) const;
+  // Absolute file offset of the tensor's stored bytes.
+  uint64_t FileOffset(size_t i) const;
+  // "<path>: tensor 'name'", for messages.
+  std::string Where(size_t i) const;
+
+  // Rows [row_begin, row_end) of tensor `name` (row_end < 0: through the last row); (0, -1)
+  // is the whole tensor, scalars included.
+  Result<Extent> Locate(std::string_view name, int64_t row_begin = 0, int64_t row_end = -1) const;
+  Result<Extent> Locate(size_t i, int64_t row_begin = 0, int64_t row_end = -1) const;
+  // Byte range {begin, len} of rows [row_begin, row_end) of dimension 0.
+  Result<std::pair<uint64_t, uint64_t>> RowRange(size_t i, int64_t row_begin,
+                                                 int64_t row_end) const;
+
+  // ---- blocks ----
+  uint64_t NumBlocks(size_t i) const;
+  StoredBlock Block(size_t i, uint64_t b) const;
+
+  // Copies raw bytes [begin, begin + len) of tensor i into dst, decoding stored blocks as
+  // needed. Blocks cut by the range are decoded into per-thread scratch (docs/SECURITY.md,
+  // "Memory for decoding").
+  Status Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
+  // Checks every block of raw tensor i that overlaps raw bytes [begin, begin + len). Blocks
+  // lying wholly inside the range are checked in `copy` (those bytes, at copy[0] = byte
+  // `begin`), so what is handed out is what was verified; blocks cut by the range, or all of
+  // them when `copy` is null, are checked in the mapping.
+  Status VerifyRange(size_t i, uint64_t begin, uint64_t len, const uint8_t* copy) const;
+  // Checks stored block b of tensor i (decoding it if encoded).
+  Status VerifyBlock(size_t i, uint64_t b) const;
+  Status VerifyTensor(size_t i) const;
+
+ private:
+  uint64_t BlockRawSize(size_t i, uint64_t b) const;
+  Status CheckSum(size_t i, uint64_t b, const uint8_t* raw) const;
+  // DataLoss unless `sum` is block b's recorded checksum.
+  Status CompareSum(size_t i, uint64_t b, uint64_t sum) const;
+  // Decodes encoded block b, whose stored bytes are at `src`, and copies its raw bytes
+  // [lo, hi) (block-relative) to dst, verifying the whole block when asked. Needs at most one
+  // block of scratch (DecodeScratch; none for a whole unshuffled block), whatever the range;
+  // lo == hi with verify checks the block alone.
+  Status DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo, uint64_t hi,
+                     uint8_t* dst, bool verify) const;
+  Status ReadRaw(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
+  // DataLoss for a read of tensor i at `file_offset` that faulted (Mapping::Guard).
+  Status Shrank(size_t i, uint64_t file_offset) const;
+
+  std::string path_;
+  std::shared_ptr<const Mapping> mapping_;
+  Index index_;
+};
+
+// The stored data behind a Reader (defined in reader.cc, a friend of Reader).
+const BlockSource& BlocksOf(const Reader& reader);
+
+}  // namespace ferry
+
+#endif  // FERRY_SRC_FORMAT_BLOCK_SOURCE_HPP_

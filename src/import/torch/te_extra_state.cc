@@ -1,0 +1,302 @@
+// TransformerEngine extra state to ScalingState; see te_extra_state.hpp.
+#include "import/torch/te_extra_state.hpp"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "import/torch/torch_checkpoint.hpp"
+#include "base/util.hpp"
+
+namespace ferry::torch_import {
+
+namespace {
+
+using Kind = Value::Kind;
+
+const Value* Field(const Value* obj, std::string_view name) {
+  if (obj == nullptr || !obj->is(Kind::kObject) || obj->state == nullptr) return nullptr;
+  const Value* st = obj->state;
+  if (st->is(Kind::kTuple) && st->items.size() == 2) st = st->items[1];
+  return st->is(Kind::kDict) ? st->Get(name) : nullptr;
+}
+
+std::optional<double> Number(const Value* v) {
+  if (v == nullptr) return std::nullopt;
+  if (v->is(Kind::kInt)) return static_cast<double>(v->i);
+  if (v->is(Kind::kFloat)) return v->f;
+  return std::nullopt;
+}
+
+// A Format member: Format(_FormatHelper(max_fwd, max_bwd)) as REDUCE/NEWOBJ arguments, or
+// the member pickled by its qualified name.
+Result<Fp8Format> ReadFormat(const Value* v, const std::string& where) {
+  if (v != nullptr && v->is(Kind::kGlobal)) {
+    if (v->s.ends_with("Format.E4M3")) return Fp8Format::kE4M3;
+    if (v->s.ends_with("Format.E5M2")) return Fp8Format::kE5M2;
+    if (v->s.ends_with("Format.HYBRID")) return Fp8Format::kHybrid;
+  }
+  if (v != nullptr && v->is(Kind::kStr)) {
+    if (v->s == "E4M3") return Fp8Format::kE4M3;
+    if (v->s == "E5M2") return Fp8Format::kE5M2;
+    if (v->s == "HYBRID") return Fp8Format::kHybrid;
+  }
+  if (v != nullptr && v->is(Kind::kObject) && v->ShortClass() == "Format" && v->items.size() == 1) {
+    const Value* h = v->items[0];
+    if ((h->is(Kind::kObject) || h->is(Kind::kTuple)) && h->items.size() >= 2) {
+      auto fwd = Number(h->items[0]), bwd = Number(h->items[1]);
+      if (fwd && bwd) {
+        if (*fwd == 448 && *bwd == 448) return Fp8Format::kE4M3;
+        if (*fwd == 57344 && *bwd == 57344) return Fp8Format::kE5M2;
+        if (*fwd == 448 && *bwd == 57344) return Fp8Format::kHybrid;
+      }
+    }
+  }
+  return Error(StatusCode::kUnimplemented, where,
+               ": recipe fp8_format is not E4M3, E5M2 or HYBRID");
+}
+
+Result<Recipe> ReadRecipe(const Value* r, const std::string& where) {
+  if (r == nullptr || r->is(Kind::kNone)) return Recipe{};
+  if (!r->is(Kind::kObject) || !r->s.starts_with("transformer_engine.common.recipe.")) {
+    return Error(StatusCode::kDataLoss, where, ": recipe is a ", r->s.empty() ? "value" : r->s,
+                 ", not a TransformerEngine recipe");
+  }
+  const std::string kind = r->ShortClass();
+  auto get_int = [&](const char* f, int32_t* out) -> Status {
+    const Value* v = Field(r, f);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is(Kind::kInt) || v->i < INT32_MIN || v->i > INT32_MAX) {
+      return Error(StatusCode::kDataLoss, where, ": recipe field ", f, " is not an int32");
+    }
+    *out = static_cast<int32_t>(v->i);
+    return Status::Ok();
+  };
+  auto get_bool = [&](const char* f, bool* out) -> Status {
+    const Value* v = Field(r, f);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is(Kind::kBool)) {
+      return Error(StatusCode::kDataLoss, where, ": recipe field ", f, " is not a bool");
+    }
+    *out = v->b;
+    return Status::Ok();
+  };
+  auto get_fmt = [&](Fp8Format* out) -> Status {
+    const Value* v = Field(r, "fp8_format");
+    if (v == nullptr) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(*out, ReadFormat(v, where));
+    return Status::Ok();
+  };
+  if (kind == "DelayedScaling") {
+    DelayedScaling d;
+    FERRY_RETURN_IF_ERROR(get_int("margin", &d.margin));
+    FERRY_RETURN_IF_ERROR(get_fmt(&d.fp8_format));
+    FERRY_RETURN_IF_ERROR(get_int("amax_history_len", &d.amax_history_len));
+    if (const Value* a = Field(r, "amax_compute_algo")) {
+      if (a->is_str() && a->s == "max") {
+        d.amax_compute_algo = AmaxComputeAlgo::kMax;
+      } else if (a->is_str() && a->s == "most_recent") {
+        d.amax_compute_algo = AmaxComputeAlgo::kMostRecent;
+      } else {
+        return Error(StatusCode::kUnimplemented, where,
+                     ": amax_compute_algo is neither 'max' nor 'most_recent'");
+      }
+    }
+    FERRY_RETURN_IF_ERROR(get_bool("reduce_amax", &d.reduce_amax));
+    FERRY_RETURN_IF_ERROR(get_bool("fp8_dpa", &d.fp8_dpa));
+    FERRY_RETURN_IF_ERROR(get_bool("fp8_mha", &d.fp8_mha));
+    return Recipe{d};
+  }
+  if (kind == "Float8CurrentScaling") {
+    Float8CurrentScaling c;
+    FERRY_RETURN_IF_ERROR(get_fmt(&c.fp8_format));
+    FERRY_RETURN_IF_ERROR(get_bool("fp8_dpa", &c.fp8_dpa));
+    FERRY_RETURN_IF_ERROR(get_bool("fp8_mha", &c.fp8_mha));
+    return Recipe{c};
+  }
+  if (kind == "MXFP8BlockScaling") {
+    MXFP8BlockScaling m;
+    FERRY_RETURN_IF_ERROR(get_fmt(&m.fp8_format));
+    return Recipe{m};
+  }
+  if (kind == "Float8BlockScaling") {
+    Float8BlockScaling b;
+    FERRY_RETURN_IF_ERROR(get_fmt(&b.fp8_format));
+    FERRY_RETURN_IF_ERROR(get_int("x_block_scaling_dim", &b.x_block_scaling_dim));
+    FERRY_RETURN_IF_ERROR(get_int("w_block_scaling_dim", &b.w_block_scaling_dim));
+    FERRY_RETURN_IF_ERROR(get_int("grad_block_scaling_dim", &b.grad_block_scaling_dim));
+    return Recipe{b};
+  }
+  if (kind == "NVFP4BlockScaling") {
+    NVFP4BlockScaling n;
+    FERRY_RETURN_IF_ERROR(get_bool("disable_rht", &n.disable_rht));
+    FERRY_RETURN_IF_ERROR(get_bool("disable_stochastic_rounding", &n.disable_stochastic_rounding));
+    FERRY_RETURN_IF_ERROR(get_bool("disable_2d_quantization", &n.disable_2d_quantization));
+    return Recipe{n};
+  }
+  if (kind == "CustomRecipe") return Recipe{CustomRecipe{"CustomRecipe", ""}};
+  return Error(StatusCode::kUnimplemented, where, ": unknown recipe ", r->s);
+}
+
+// The float32 values of a tensor of the extra state.
+Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const std::string& what) {
+  if (v == nullptr || !v->is(Kind::kTensor)) {
+    return Error(StatusCode::kDataLoss, what, " is not a tensor");
+  }
+  const TensorRef& t = *v->tensor;
+  if (t.dtype.name != "float32") {
+    return Error(StatusCode::kUnimplemented, what, " is torch.", t.dtype.name, ", not float32");
+  }
+  std::vector<float> out(TensorBytes(t) / 4);
+  FERRY_RETURN_IF_ERROR(
+      CopyTensorBytes(t, 0, reinterpret_cast<uint8_t*>(out.data()), out.size() * 4, mapping, what));
+  return out;
+}
+
+Result<DirectionState> ReadDirection(const Value* dict, bool forward, int32_t num_gemms,
+                                     const Mapping* mapping, const std::string& where) {
+  const char* sfx = forward ? "fwd" : "bwd";
+  const Value* scale_v = dict->Get(StrCat("scale_", sfx));
+  const Value* hist_v = dict->Get(StrCat("amax_history_", sfx));
+  FERRY_ASSIGN_OR_RETURN(auto scale, Floats(scale_v, mapping, StrCat(where, ": scale_", sfx)));
+  FERRY_ASSIGN_OR_RETURN(auto hist, Floats(hist_v, mapping, StrCat(where, ": amax_history_", sfx)));
+  const TensorRef& h = *hist_v->tensor;
+  const size_t s = scale.size();
+  const int per = forward ? 3 : 2;
+  if (num_gemms <= 0) num_gemms = static_cast<int32_t>(s / per);
+  if (s != static_cast<size_t>(per) * static_cast<size_t>(num_gemms)) {
+    return Error(StatusCode::kDataLoss, where, ": scale_", sfx, " has ", s, " entries, not ", per,
+                 " x num_gemms (", num_gemms, ")");
+  }
+  if (h.shape.size() != 2 || static_cast<size_t>(h.shape[1]) != s) {
+    return Error(StatusCode::kDataLoss, where, ": amax_history_", sfx, " is not [L, ", s, "]");
+  }
+  DirectionState d;
+  d.direction = forward ? Direction::kForward : Direction::kBackward;
+  d.num_gemms = num_gemms;
+  for (int32_t g = 0; g < num_gemms; ++g) {
+    if (forward) {
+      d.slot_roles.insert(d.slot_roles.end(),
+                          {SlotRole::kInput, SlotRole::kWeight, SlotRole::kOutput});
+    } else {
+      d.slot_roles.insert(d.slot_roles.end(), {SlotRole::kGradOutput, SlotRole::kGradInput});
+    }
+  }
+  d.scale = std::move(scale);
+  d.amax_history = std::move(hist);
+  d.history_len = static_cast<int32_t>(h.shape[0]);
+  return d;
+}
+
+// Plain values of extra_fp8_variables as JSON; nullopt for anything else.
+std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
+  if (depth > 8) return std::nullopt;
+  switch (v->kind) {
+    case Kind::kNone:
+      return nlohmann::json(nullptr);
+    case Kind::kBool:
+      return nlohmann::json(v->b);
+    case Kind::kInt:
+      return nlohmann::json(v->i);
+    case Kind::kFloat:
+      if (!std::isfinite(v->f)) return std::nullopt;
+      return nlohmann::json(v->f);
+    case Kind::kStr:
+      return nlohmann::json(v->s);
+    case Kind::kTuple:
+    case Kind::kList: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const Value* x : v->items) {
+        auto j = PlainJson(x, depth + 1);
+        if (!j) return std::nullopt;
+        a.push_back(*j);
+      }
+      return a;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::string& module,
+                                      const Mapping* mapping, const std::string& where,
+                                      std::vector<std::pair<std::string, std::string>>* metadata) {
+  ScalingState out;
+  out.module = module;
+  // Unwrap the container forms down to the dict (or None).
+  if (v->is(Kind::kTensor)) {
+    const TensorRef& t = *v->tensor;
+    if (t.dtype.name != "uint8" && t.dtype.name != "int8") {
+      return Error(StatusCode::kDataLoss, where, ": extra state is a torch.", t.dtype.name,
+                   " tensor, not bytes");
+    }
+    uint64_t n = TensorBytes(t);
+    if (n == 0) return out;  // a module with no FP8 state
+    Value* bytes = heap->New(Kind::kBytes);
+    bytes->s.resize(n);
+    FERRY_RETURN_IF_ERROR(
+        CopyTensorBytes(t, 0, reinterpret_cast<uint8_t*>(bytes->s.data()), n, mapping, where));
+    UnpickleOptions o;
+    o.where = StrCat(where, " (pickled extra state)");
+    FERRY_ASSIGN_OR_RETURN(v,
+                           Unpickle(heap, reinterpret_cast<const uint8_t*>(bytes->s.data()), n, o));
+    mapping = nullptr;
+  } else if (v->is(Kind::kObject) && v->global == Global::kBytesIO) {
+    // io.BytesIO state: (bytes, position, __dict__)
+    const Value* st = v->state;
+    if (st == nullptr || !st->is(Kind::kTuple) || st->items.empty() ||
+        !st->items[0]->is(Kind::kBytes)) {
+      return Error(StatusCode::kDataLoss, where, ": io.BytesIO extra state without its bytes");
+    }
+    const std::string& b = st->items[0]->s;
+    FERRY_ASSIGN_OR_RETURN(v, LoadTorchZip(heap, reinterpret_cast<const uint8_t*>(b.data()),
+                                           b.size(), StrCat(where, " (io.BytesIO extra state)")));
+    mapping = nullptr;
+  }
+  if (v->is(Kind::kNone)) return out;
+  if (v->is(Kind::kList) && v->items.size() == 4) {
+    // TransformerEngine 0.2 and older: [scale_fwd, amax_history_fwd, scale_bwd, amax_history_bwd]
+    Value* d = heap->New(Kind::kDict);
+    const char* keys[] = {"scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd"};
+    for (int k = 0; k < 4; ++k) {
+      Value* key = heap->New(Kind::kStr);
+      key->s = keys[k];
+      d->dict.emplace_back(key, v->items[k]);
+    }
+    v = d;
+  }
+  if (!v->is(Kind::kDict)) {
+    return Error(StatusCode::kDataLoss, where,
+                 ": extra state is neither a tensor, io.BytesIO, "
+                 "dict nor None");
+  }
+  FERRY_ASSIGN_OR_RETURN(out.recipe, ReadRecipe(v->Get("recipe"), where));
+  int32_t num_gemms = 0;
+  const Value* extra = v->Get("extra_fp8_variables");
+  if (extra != nullptr && extra->is(Kind::kDict)) {
+    if (const Value* n = extra->Get("num_gemms");
+        n && n->is(Kind::kInt) && n->i > 0 && n->i < (1 << 20)) {
+      num_gemms = static_cast<int32_t>(n->i);
+    }
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, x] : extra->dict) {
+      if (!k->is_str()) continue;
+      if (auto pj = PlainJson(x, 0)) j[k->s] = *pj;
+    }
+    if (!j.empty())
+      metadata->emplace_back(kExtraVariablesKeyPrefix + module,
+                             j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
+  if (v->Get("scale_fwd") != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, true, num_gemms, mapping, where));
+    out.states.push_back(std::move(d));
+  }
+  if (v->Get("scale_bwd") != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, false, num_gemms, mapping, where));
+    out.states.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace ferry::torch_import
