@@ -250,9 +250,10 @@ check quiet-verify-prints-nothing
 [ ! -s "$OUT" ] || fail "--quiet printed something"
 run quiet-still-reports-errors 1 "$FERRY" --quiet inspect "$WORK/nope.ferry" && has "nope.ferry"
 
-# ---- a conversion that takes seconds: 32 MiB of random bytes through zstd level 12, one thread
+# ---- a conversion that takes seconds: 128 MiB of random bytes through zstd level 12, one thread
+# (progress is drawn after one second, and a fast machine converts 32 MiB in less)
 BIG="$WORK/big.safetensors"
-n=$((32 << 20))
+n=$((128 << 20))
 hdr="{\"x\":{\"dtype\":\"U8\",\"shape\":[$n],\"data_offsets\":[0,$n]}}"
 while [ $((${#hdr} % 8)) -ne 0 ]; do hdr="$hdr "; done
 {
