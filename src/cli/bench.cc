@@ -14,10 +14,10 @@
 #include <memory>
 #include <thread>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
 #include "cli.hpp"
 #include "ferry/loader.hpp"
-#include "base/util.hpp"
+#include "format/block_source.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -164,11 +164,22 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
 }
 
 // Touches every page of the mapping so the timed loads read a hot page cache, as the
-// ceiling does.
+// ceiling does; a file read without a mapping is read through once instead.
 void WarmPageCache(const Reader& reader) {
-  const volatile uint8_t* p = BlocksOf(reader).mapping()->data();
+  const BlockSource& blocks = BlocksOf(reader);
   uint64_t size = reader.file_size();
   Progress progress("reading into the page cache", size);
+  if (blocks.mapping() == nullptr) {
+    constexpr uint64_t kChunk = uint64_t{4} << 20;
+    std::vector<uint8_t> buf(std::min(size, kChunk));
+    for (uint64_t off = 0; off < size; off += kChunk) {
+      const uint64_t n = std::min(kChunk, size - off);
+      if (!blocks.bytes().ReadAt(off, n, buf.data()).ok()) break;  // the loads will say why
+      progress.Add(n);
+    }
+    return;
+  }
+  const volatile uint8_t* p = blocks.mapping()->data();
   uint8_t sink = 0;
   for (uint64_t off = 0; off < size; off += 4096) {
     sink ^= p[off];
@@ -188,27 +199,31 @@ struct Runs {
   double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
 };
 
-// memcpy of every tensor's bytes from the mapping into a prefaulted buffer, split over
-// `threads` threads: what a host load could reach if allocation and bookkeeping were free.
+// memcpy of every tensor's bytes from the mapping into a prefaulted buffer (reads of them,
+// for a file read without a mapping), split over `threads` threads: what a host load could
+// reach if allocation and bookkeeping were free.
 // The buffer holds at most 1 GiB and is reused round-robin (the copy rate does not depend on
 // it being larger), so measuring beside the loads costs little memory. Run() is called
 // between loads: on a busy machine a ceiling measured only once can land in a quiet or a
 // noisy moment that the loads did not see.
 class HostCeiling {
  public:
-  HostCeiling(const Reader& reader, uint64_t bytes, int threads) : threads_(threads) {
+  HostCeiling(const Reader& reader, uint64_t bytes, int threads)
+      : threads_(threads), bytes_(BlocksOf(reader).bytes()) {
     const BlockSource& blocks = BlocksOf(reader);
+    const Mapping* mapping = blocks.mapping().get();
     const uint64_t cap = std::max<uint64_t>(1, std::min(bytes, uint64_t{1} << 30));
     dst_.assign(cap, 1);
     constexpr uint64_t kPiece = uint64_t{4} << 20;
     uint64_t off = 0;
     for (size_t i = 0; i < reader.num_tensors(); ++i) {
       const uint64_t nbytes = blocks.RawSize(i);
-      const uint8_t* data = blocks.mapping()->data() + blocks.FileOffset(i);
+      const uint64_t at = blocks.FileOffset(i);
       for (uint64_t b = 0; b < nbytes; b += kPiece) {
         uint64_t len = std::min(kPiece, nbytes - b);
         if (off % cap + len > cap) off += cap - off % cap;
-        pieces_.push_back(Piece{data + b, off % cap, len});
+        pieces_.push_back(
+            Piece{mapping ? mapping->data() + at + b : nullptr, at + b, off % cap, len});
         off += len;
       }
     }
@@ -219,7 +234,12 @@ class HostCeiling {
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t k; (k = next.fetch_add(1)) < pieces_.size();) {
-        std::memcpy(dst_.data() + pieces_[k].dst_off, pieces_[k].src, pieces_[k].len);
+        const Piece& p = pieces_[k];
+        if (p.src != nullptr) {
+          std::memcpy(dst_.data() + p.dst_off, p.src, p.len);
+        } else {
+          (void)bytes_.ReadAt(p.file_offset, p.len, dst_.data() + p.dst_off);
+        }
       }
     };
     double t0 = Now();
@@ -233,10 +253,11 @@ class HostCeiling {
 
  private:
   struct Piece {
-    const uint8_t* src;
-    uint64_t dst_off, len;
+    const uint8_t* src;  // in the mapping; null: read from the source
+    uint64_t file_offset, dst_off, len;
   };
   int threads_;
+  const ByteSource& bytes_;
   std::vector<uint8_t> dst_;
   std::vector<Piece> pieces_;
   double best_ = 1e30;

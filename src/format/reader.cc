@@ -7,13 +7,14 @@
 #include <thread>
 #include <vector>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
 #include "codec/codec.hpp"
+#include "codec/planes.hpp"
+#include "format/block_source.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
-#include "codec/planes.hpp"
 #include "format/safetensors.hpp"
-#include "base/util.hpp"
+#include "io/source.hpp"
 
 namespace ferry {
 
@@ -353,16 +354,22 @@ Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
 
 Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
                                    const std::string& path) {
+  const uint8_t* trailer =
+      file_size >= format::kTrailerSize ? file + file_size - format::kTrailerSize : nullptr;
+  return ParseTrailer(file, trailer, file_size, path);
+}
+
+Result<FooterLocation> ParseTrailer(const uint8_t* head, const uint8_t* trailer, uint64_t file_size,
+                                    const std::string& path) {
   const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
   if (file_size < min_size) {
     return Error(StatusCode::kDataLoss, path, ": file is ", file_size,
                  " bytes, too short for a TensorFerry checkpoint (at least ", min_size, ")");
   }
-  if (std::memcmp(file, format::kMagic, format::kMagicSize) != 0) {
+  if (std::memcmp(head, format::kMagic, format::kMagicSize) != 0) {
     return Error(StatusCode::kDataLoss, path,
                  ": not a TensorFerry checkpoint (bad magic at offset 0)");
   }
-  const uint8_t* trailer = file + file_size - format::kTrailerSize;
   uint64_t trailer_offset = file_size - format::kTrailerSize;
   if (std::memcmp(trailer + 16, format::kMagic, format::kMagicSize) != 0) {
     return Error(StatusCode::kDataLoss, path, ": bad trailer magic at offset ", trailer_offset + 16,
@@ -580,73 +587,113 @@ const BlockSource& BlocksOf(const Reader& reader) { return *reader.blocks_; }
 
 namespace {
 
+// Bytes read from each end of a file at open: the head tells the formats apart and often
+// holds a whole safetensors header; the tail holds the trailer and often the whole footer.
+constexpr uint64_t kEndBytes = uint64_t{64} << 10;
+
+// The first and last bytes of a file, read once each.
+struct FileEnds {
+  uint64_t size = 0;
+  std::vector<uint8_t> head;  // bytes [0, head.size())
+  std::vector<uint8_t> tail;  // bytes [size - tail.size(), size)
+  uint64_t tail_offset() const { return size - tail.size(); }
+};
+
+Result<FileEnds> ReadEnds(const ByteSource& bytes) {
+  FileEnds ends;
+  ends.size = bytes.size();
+  const uint64_t n = std::min(ends.size, kEndBytes);
+  ends.head.resize(n);
+  ends.tail.resize(n);
+  FERRY_RETURN_IF_ERROR(bytes.ReadAt(0, n, ends.head.data()));
+  FERRY_RETURN_IF_ERROR(bytes.ReadAt(ends.size - n, n, ends.tail.data()));
+  return ends;
+}
+
 // A safetensors file: an index synthesized from its JSON header, without checksums.
-Result<BlockSource::Index> SafetensorsHeaderIndex(const Mapping& m, const std::string& path) {
+Result<BlockSource::Index> SafetensorsHeaderIndex(const ByteSource& bytes, const FileEnds& ends) {
+  const std::string& path = bytes.name();
+  // ParseSafetensors reads the length, then the header it gives (or nothing more when the
+  // length is out of bounds): the head holds both unless the header is large.
+  const uint8_t* file = ends.head.data();
+  std::vector<uint8_t> header;
+  if (ends.size >= 8) {
+    const uint64_t n = LoadU64(file);
+    if (n <= kMaxSafetensorsHeaderBytes && n <= ends.size - 8 && 8 + n > ends.head.size()) {
+      header.resize(8 + n);
+      FERRY_RETURN_IF_ERROR(bytes.ReadAt(0, 8 + n, header.data()));
+      file = header.data();
+    }
+  }
   auto synthesized = std::make_shared<std::vector<uint64_t>>();
   FERRY_ASSIGN_OR_RETURN(uint64_t index_size,
-                         ParseSafetensors(m.data(), m.size(), path, synthesized.get()));
+                         ParseSafetensors(file, ends.size, path, synthesized.get()));
   FooterRules rules;
   rules.checksums = false;
   rules.alignment = 1;
   BlockSource::Index index;
   FERRY_ASSIGN_OR_RETURN(
       index.root, ParseFooter(reinterpret_cast<const uint8_t*>(synthesized->data()), index_size,
-                              m.size(), path, rules));
+                              ends.size, path, rules));
   index.memory = std::move(synthesized);
   index.safetensors = true;
   return index;
 }
 
-// Our own files: the footer located by the trailer, checked and parsed.
-Result<BlockSource::Index> FooterIndex(const Mapping& m, const std::string& path) {
-  const uint8_t* base = m.data();
-  const uint64_t size = m.size();
-  // The trailer and the footer copy read the mapping: guarded, so a file
-  // truncated while it is being opened is a DataLoss, not a SIGBUS.
-  auto shrank = [&] {
-    return Error(StatusCode::kDataLoss, path, ": the file shrank while it was being opened (", size,
-                 " bytes when mapped)");
-  };
-  std::optional<Result<FooterLocation>> located;
-  if (!m.Guard([&] { located.emplace(ReadTrailer(base, size, path)); })) return shrank();
-  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, std::move(*located));
+// Our own files: the footer located by the trailer, read, checked and parsed.
+Result<BlockSource::Index> FooterIndex(const ByteSource& bytes, const FileEnds& ends) {
+  const std::string& path = bytes.name();
+  const uint8_t* trailer = ends.tail.size() >= format::kTrailerSize
+                               ? ends.tail.data() + ends.tail.size() - format::kTrailerSize
+                               : nullptr;
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc,
+                         ParseTrailer(ends.head.data(), trailer, ends.size, path));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {
     return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,
                  " is not 8-byte aligned");
   }
-  // The index is copied out of the mapping: a file truncated or rewritten after open must not
-  // turn every later lookup into a SIGBUS. Data reads still go through the mapping (or O_DIRECT).
-  // Not value-initialised: zero-filling a large index first would double the cost of the copy.
+  // The index is a copy, not a view of the file: a file truncated or rewritten after open
+  // must not turn every later lookup into a SIGBUS. Not value-initialised: zero-filling a
+  // large index first would double the cost of the copy.
   std::shared_ptr<uint64_t[]> footer(new uint64_t[(loc.size + 7) / 8]);
-  uint64_t* copy = footer.get();
-  if (!m.Guard([&] { std::memcpy(copy, base + loc.offset, loc.size); })) return shrank();
-  // Checked on the copy: one pass over the mapping, and the bytes verified are the bytes
-  // parsed even if the file changes meanwhile.
-  FERRY_RETURN_IF_ERROR(CheckFooterSum(reinterpret_cast<const uint8_t*>(copy), loc, path));
+  auto* copy = reinterpret_cast<uint8_t*>(footer.get());
+  if (loc.offset >= ends.tail_offset()) {
+    std::memcpy(copy, ends.tail.data() + (loc.offset - ends.tail_offset()), loc.size);
+  } else {
+    FERRY_RETURN_IF_ERROR(bytes.ReadAt(loc.offset, loc.size, copy));
+  }
+  // Checked on the copy: the bytes verified are the bytes parsed even if the file changes
+  // meanwhile.
+  FERRY_RETURN_IF_ERROR(CheckFooterSum(copy, loc, path));
   BlockSource::Index index;
-  FERRY_ASSIGN_OR_RETURN(
-      index.root, ParseFooter(reinterpret_cast<const uint8_t*>(copy), loc.size, loc.offset, path));
+  FERRY_ASSIGN_OR_RETURN(index.root, ParseFooter(copy, loc.size, loc.offset, path));
   index.memory = std::move(footer);
   return index;
 }
 
 }  // namespace
 
-Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Mapping::Map(path));
-  const bool safetensors = LooksLikeSafetensors(mapping->data(), mapping->size());
+Result<std::shared_ptr<Reader>> OpenReader(std::shared_ptr<const ByteSource> bytes,
+                                           ReaderOptions options) {
+  FERRY_ASSIGN_OR_RETURN(FileEnds ends, ReadEnds(*bytes));
+  const bool safetensors = LooksLikeSafetensors(ends.head.data(), ends.size);
   FERRY_ASSIGN_OR_RETURN(BlockSource::Index index, safetensors
-                                                       ? SafetensorsHeaderIndex(*mapping, path)
-                                                       : FooterIndex(*mapping, path));
+                                                       ? SafetensorsHeaderIndex(*bytes, ends)
+                                                       : FooterIndex(*bytes, ends));
   std::shared_ptr<Reader> reader(
-      new Reader(std::make_unique<BlockSource>(path, std::move(mapping), std::move(index))));
+      new Reader(std::make_unique<BlockSource>(std::move(bytes), std::move(index))));
   if (options.verify_on_open && !safetensors) FERRY_RETURN_IF_ERROR(reader->VerifyAll());
   return reader;
 }
 
+Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ByteSource> bytes, OpenSource(path));
+  return OpenReader(std::move(bytes), options);
+}
+
 const std::string& Reader::path() const { return blocks_->path(); }
-uint64_t Reader::file_size() const { return blocks_->mapping()->size(); }
+uint64_t Reader::file_size() const { return blocks_->bytes().size(); }
 uint32_t Reader::format_version() const { return blocks_->index()->format_version(); }
 std::string Reader::producer() const { return std::string(Sv(blocks_->index()->producer())); }
 size_t Reader::num_tensors() const { return blocks_->size(); }
@@ -790,6 +837,12 @@ Result<HostView> Reader::View(std::string_view name, ReadOptions options) const 
     return Error(StatusCode::kUnimplemented, blocks_->Where(i), ": is stored ",
                  EncodingName(info.encoding),
                  "; a zero-copy view needs raw encoding (use ReadInto)");
+  }
+  if (blocks_->mapping() == nullptr) {
+    return Error(StatusCode::kUnimplemented, blocks_->Where(i),
+                 ": a zero-copy view needs a mapped file, and this one is read without a "
+                 "mapping (",
+                 blocks_->bytes().Describe(), "; use ReadInto)");
   }
   if (options.verify) FERRY_RETURN_IF_ERROR(blocks_->VerifyRange(i, 0, info.nbytes, nullptr));
   HostView view;
