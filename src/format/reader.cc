@@ -105,7 +105,14 @@ struct Validator {
     if (t->nbytes() != *expect) {
       return Fail(StrCat(where, ": nbytes ", t->nbytes(), " but shape and dtype give ", *expect));
     }
-    uint64_t nbytes = t->nbytes();
+    FERRY_RETURN_IF_ERROR(CheckExtent(t, where, data_end));
+    FERRY_ASSIGN_OR_RETURN(uint64_t nblocks, CheckBlocks(t, where));
+    FERRY_RETURN_IF_ERROR(CheckEncoding(t, where, nblocks));
+    return CheckGlobalSlice(t, where);
+  }
+
+  // The stored bytes lie inside the data section, after the magic, aligned as the rules say.
+  Status CheckExtent(const fb::Tensor* t, const TensorWhere& where, uint64_t data_end) const {
     uint64_t end;
     if (AddOverflows(t->data_offset(), t->data_size(), &end) || end > data_end) {
       return Fail(StrCat(where, ": data extent at offset ", t->data_offset(), " size ",
@@ -120,6 +127,13 @@ struct Validator {
                            "-byte aligned"));
       }
     }
+    return Status::Ok();
+  }
+
+  // Block size within limits and one checksum per block (none where the rules want none).
+  // Returns the number of blocks.
+  Result<uint64_t> CheckBlocks(const fb::Tensor* t, const TensorWhere& where) const {
+    const uint64_t nbytes = t->nbytes();
     uint64_t nblocks = 0;
     if (nbytes > 0) {
       uint64_t bs = t->block_size();
@@ -136,64 +150,76 @@ struct Validator {
     if (rules.checksums && nsums != nblocks) {
       return Fail(StrCat(where, ": ", nsums, " checksums for ", nblocks, " blocks"));
     }
+    return nblocks;
+  }
+
+  // A raw tensor stores its bytes as they are; an encoded one has one chunk per block.
+  Status CheckEncoding(const fb::Tensor* t, const TensorWhere& where, uint64_t nblocks) const {
     uint64_t nchunks = t->chunks() ? t->chunks()->size() : 0;
     switch (t->encoding()) {
       case fb::Encoding::RAW:
-        if (t->data_size() != nbytes) {
-          return Fail(StrCat(where, ": raw data size ", t->data_size(), " != nbytes ", nbytes));
+        if (t->data_size() != t->nbytes()) {
+          return Fail(
+              StrCat(where, ": raw data size ", t->data_size(), " != nbytes ", t->nbytes()));
         }
         if (nchunks != 0) return Fail(StrCat(where, ": raw tensor with a chunk table"));
-        break;
+        return Status::Ok();
       case fb::Encoding::ZSTD:
       case fb::Encoding::SHUFFLE_ZSTD:
       case fb::Encoding::PLANES: {
-        const bool planes_tensor = t->encoding() == fb::Encoding::PLANES;
         if (nchunks != nblocks) {
           return Fail(StrCat(where, ": ", nchunks, " chunks for ", nblocks, " blocks"));
         }
         uint64_t prev_end = 0;
         for (uint64_t c = 0; c < nchunks; ++c) {
-          const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(c));
-          uint64_t raw = std::min(t->block_size(), nbytes - c * t->block_size());
-          uint64_t cend;
-          if (ch->offset() < prev_end || AddOverflows(ch->offset(), ch->stored_size(), &cend) ||
-              cend > t->data_size()) {
-            return Fail(StrCat(where, ": chunk ", c, " at relative offset ", ch->offset(), " size ",
-                               ch->stored_size(),
-                               " overlaps its predecessor or runs past the tensor's ",
-                               t->data_size(), " stored bytes"));
-          }
-          prev_end = cend;
-          if (ch->codec() == fb::ChunkCodec::STORED) {
-            if (ch->stored_size() != raw) {
-              return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
-                                 " bytes for a ", raw, "-byte block"));
-            }
-          } else if (planes_tensor || ch->codec() == fb::ChunkCodec::PLANES) {
-            // PLANES chunks belong to PLANES tensors, which hold nothing else but STORED.
-            if (!planes_tensor || ch->codec() != fb::ChunkCodec::PLANES ||
-                ch->stored_size() < planes::kHeaderSize || ch->stored_size() > planes::Bound(raw)) {
-              return Fail(StrCat(where, ": chunk ", c, " (codec ", static_cast<int>(ch->codec()),
-                                 ", ", ch->stored_size(), " bytes) impossible in a ",
-                                 EncodingName(static_cast<Encoding>(t->encoding())), " tensor's ",
-                                 raw, "-byte block"));
-            }
-          } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
-            if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {
-              return Fail(StrCat(where, ": zstd chunk ", c, " size ", ch->stored_size(),
-                                 " impossible for a ", raw, "-byte block"));
-            }
-          } else {
-            return Fail(
-                StrCat(where, ": chunk ", c, " has unknown codec ", static_cast<int>(ch->codec())));
-          }
+          FERRY_RETURN_IF_ERROR(CheckChunk(t, where, c, &prev_end));
         }
-        break;
+        return Status::Ok();
       }
       default:
         return Fail(StrCat(where, ": unknown encoding ", static_cast<int>(t->encoding())));
     }
-    return CheckGlobalSlice(t, where);
+  }
+
+  // Chunk c of an encoded tensor: after its predecessor (which ended at *prev_end), inside
+  // the tensor's stored bytes, and of a size its codec can produce for its block.
+  Status CheckChunk(const fb::Tensor* t, const TensorWhere& where, uint64_t c,
+                    uint64_t* prev_end) const {
+    const bool planes_tensor = t->encoding() == fb::Encoding::PLANES;
+    const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(c));
+    uint64_t raw = std::min(t->block_size(), t->nbytes() - c * t->block_size());
+    uint64_t cend;
+    if (ch->offset() < *prev_end || AddOverflows(ch->offset(), ch->stored_size(), &cend) ||
+        cend > t->data_size()) {
+      return Fail(StrCat(where, ": chunk ", c, " at relative offset ", ch->offset(), " size ",
+                         ch->stored_size(), " overlaps its predecessor or runs past the tensor's ",
+                         t->data_size(), " stored bytes"));
+    }
+    *prev_end = cend;
+    if (ch->codec() == fb::ChunkCodec::STORED) {
+      if (ch->stored_size() != raw) {
+        return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
+                           " bytes for a ", raw, "-byte block"));
+      }
+    } else if (planes_tensor || ch->codec() == fb::ChunkCodec::PLANES) {
+      // PLANES chunks belong to PLANES tensors, which hold nothing else but STORED.
+      if (!planes_tensor || ch->codec() != fb::ChunkCodec::PLANES ||
+          ch->stored_size() < planes::kHeaderSize || ch->stored_size() > planes::Bound(raw)) {
+        return Fail(StrCat(where, ": chunk ", c, " (codec ", static_cast<int>(ch->codec()), ", ",
+                           ch->stored_size(), " bytes) impossible in a ",
+                           EncodingName(static_cast<Encoding>(t->encoding())), " tensor's ", raw,
+                           "-byte block"));
+      }
+    } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
+      if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {
+        return Fail(StrCat(where, ": zstd chunk ", c, " size ", ch->stored_size(),
+                           " impossible for a ", raw, "-byte block"));
+      }
+    } else {
+      return Fail(
+          StrCat(where, ": chunk ", c, " has unknown codec ", static_cast<int>(ch->codec())));
+    }
+    return Status::Ok();
   }
 
   // Tensor-parallel slice fields: both or neither, one entry per dim, and the slice inside the
@@ -400,23 +426,29 @@ Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
   return loc;
 }
 
-Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
-                                          const std::string& path, const FooterRules& rules) {
-  Validator v{path, data_end, rules};
-  if (size < 8 || size > format::kMaxFooterBytes) return v.Fail(StrCat("size ", size));
-  if (reinterpret_cast<uintptr_t>(footer) % 8 != 0) {
-    return Error(StatusCode::kInternal, path, ": footer buffer is not 8-byte aligned");
-  }
-  if (!fb::CheckpointBufferHasIdentifier(footer)) return v.Fail("missing identifier TFRY");
+namespace {
+
+// The verifier's limits for a footer of `size` bytes.
+flatbuffers::Verifier::Options VerifierOptions(uint64_t size) {
   flatbuffers::Verifier::Options opts;
   opts.max_depth = format::kMaxVerifierDepth;
   // Every table takes at least 8 bytes, so this bounds work by the footer's own size.
   opts.max_tables = static_cast<flatbuffers::uoffset_t>(size / 8 + 16);
   opts.check_alignment = true;
-  flatbuffers::Verifier verifier(footer, static_cast<size_t>(size), opts);
-  // The root is verified here except for the tensor tables, which are verified below in
-  // parallel slices (100,000 tensors take ~10 ms on one core). This mirrors the generated
-  // Checkpoint::Verify; keep the two in step when fields are added.
+  return opts;
+}
+
+// The root table, verified structurally except for the tensor tables (CheckTensorTables
+// verifies those in parallel slices: 100,000 tensors take ~10 ms on one core), then its
+// version, checksum algorithm and tensor count. This mirrors the generated
+// Checkpoint::Verify; keep the two in step when fields are added.
+Result<const fb::Checkpoint*> VerifyRoot(const Validator& v, const uint8_t* footer, uint64_t size) {
+  if (size < 8 || size > format::kMaxFooterBytes) return v.Fail(StrCat("size ", size));
+  if (reinterpret_cast<uintptr_t>(footer) % 8 != 0) {
+    return Error(StatusCode::kInternal, v.path, ": footer buffer is not 8-byte aligned");
+  }
+  if (!fb::CheckpointBufferHasIdentifier(footer)) return v.Fail("missing identifier TFRY");
+  flatbuffers::Verifier verifier(footer, static_cast<size_t>(size), VerifierOptions(size));
   const fb::Checkpoint* ck = fb::GetCheckpoint(footer);
   // Checkpoint derives privately from Table; the generated Verify calls these on itself.
   const auto* table = reinterpret_cast<const flatbuffers::Table*>(ck);
@@ -438,22 +470,55 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     return v.Fail("FlatBuffers verification failed");
   }
   if (ck->format_version() != kFormatVersion) {
-    return Error(StatusCode::kUnimplemented, path, ": format version ", ck->format_version(),
+    return Error(StatusCode::kUnimplemented, v.path, ": format version ", ck->format_version(),
                  " (this build reads version ", kFormatVersion, ")");
   }
   if (ck->checksum_algo() != fb::ChecksumAlgo::XXH3_64) {
     return v.Fail(StrCat("unknown checksum algorithm ", static_cast<int>(ck->checksum_algo())));
   }
-  auto* tensors = ck->tensors();
-  size_t n = Count(tensors);
+  const size_t n = Count(ck->tensors());
   if (n > format::kMaxTensors) {
     return v.Fail(StrCat(n, " tensors (limit ", format::kMaxTensors, ")"));
   }
+  return ck;
+}
 
-  // Slices of the tensor list, each on its own thread: every table verified structurally and
-  // then checked semantically while it is in cache, in one pass. A slice's first name is
-  // compared with its predecessor's (another slice's table) after the join, once every table
-  // is known to be well formed.
+// What the tensor tables hold, gathered while each is checked.
+struct TensorScan {
+  // Each tensor's extent, by index: the overlap check then walks this compact array in file
+  // order instead of chasing tables across the footer.
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  uint64_t nonempty = 0;  // tensors with stored bytes
+  bool monotonic = true;  // extents in index order never go backwards
+};
+
+// Runs fn(k) for k in [0, slices), each but the first on its own thread (on this one when no
+// thread can be had: slower, but the same).
+void RunSlices(size_t slices, const std::function<void(size_t)>& fn) {
+  if (slices == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  size_t k = 1;
+  try {
+    threads.reserve(slices);
+    for (; k < slices; ++k) threads.emplace_back(fn, k);
+  } catch (const std::system_error&) {
+    for (; k < slices; ++k) fn(k);
+  }
+  fn(0);
+  for (auto& t : threads) t.join();
+}
+
+// Every tensor table verified structurally and then checked semantically while it is in
+// cache, in one pass, in slices of the list on parallel threads. A slice's first name is
+// compared with its predecessor's (another slice's table) after the join, once every table
+// is known to be well formed.
+Result<TensorScan> CheckTensorTables(const Validator& v, const fb::Checkpoint* ck,
+                                     const uint8_t* footer, uint64_t size, uint64_t data_end) {
+  auto* tensors = ck->tensors();
+  const size_t n = Count(tensors);
   const size_t slices = std::clamp<size_t>(
       std::min<size_t>(n / 16384, std::max(1u, std::thread::hardware_concurrency())), 1, 8);
   struct SliceResult {
@@ -462,34 +527,11 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     bool monotonic = true;
   };
   std::vector<SliceResult> results(slices);
-  // Each tensor's extent, filled by index in phase two: the overlap check then walks this
-  // compact array in file order instead of chasing tables across the footer.
-  std::vector<std::pair<uint64_t, uint64_t>> ext(n);
+  TensorScan scan;
+  scan.extents.resize(n);
   auto slice_begin = [&](size_t k) { return n * k / slices; };
-  auto run_slices = [&](const std::function<void(size_t)>& fn) {
-    if (slices == 1) {
-      fn(0);
-      return;
-    }
-    std::vector<std::thread> threads;
-    size_t k = 1;
-    try {
-      threads.reserve(slices);
-      for (; k < slices; ++k) threads.emplace_back(fn, k);
-    } catch (const std::system_error&) {
-      // No thread to be had: the remaining slices run here, slower but the same.
-      for (; k < slices; ++k) fn(k);
-    }
-    fn(0);
-    for (auto& t : threads) t.join();
-  };
-  auto first_error = [&]() -> Status {
-    for (const SliceResult& r : results) {
-      if (!r.status.ok()) return r.status;
-    }
-    return Status::Ok();
-  };
-  run_slices([&](size_t k) {
+  const flatbuffers::Verifier::Options opts = VerifierOptions(size);
+  RunSlices(slices, [&](size_t k) {
     SliceResult& r = results[k];
     flatbuffers::Verifier tv(footer, static_cast<size_t>(size), opts);
     uint64_t last_end = 0;
@@ -505,14 +547,16 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       if (r.status.ok()) r.status = v.CheckTensor(t, i, data_end);
       if (!r.status.ok()) return;
       prev = name;
-      ext[i] = {t->data_offset(), t->data_offset() + t->data_size()};
+      scan.extents[i] = {t->data_offset(), t->data_offset() + t->data_size()};
       if (t->data_size() == 0) continue;
       ++r.nonempty;
       if (t->data_offset() < last_end) r.monotonic = false;
       last_end = t->data_offset() + t->data_size();
     }
   });
-  FERRY_RETURN_IF_ERROR(first_error());
+  for (const SliceResult& r : results) {
+    if (!r.status.ok()) return r.status;
+  }
   for (size_t k = 1; k < slices; ++k) {
     size_t i = slice_begin(k);
     if (i == 0 || i >= n) continue;
@@ -521,15 +565,22 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     };
     FERRY_RETURN_IF_ERROR(v.CheckName(name_at(i), name_at(i - 1), false, "tensor", i));
   }
-  uint64_t nonempty = 0;
-  for (const SliceResult& r : results) nonempty += r.nonempty;
+  for (const SliceResult& r : results) {
+    scan.nonempty += r.nonempty;
+    scan.monotonic = scan.monotonic && r.monotonic;
+  }
+  return scan;
+}
 
-  // No two extents may overlap. data_order lists the non-empty tensors in file order, which
-  // makes this one linear pass; files without it (or with a wrong one) are sorted instead.
+// No two extents may overlap. data_order lists the non-empty tensors in file order, which
+// makes this one linear pass; files without it (or with a wrong one) are sorted instead.
+Status CheckDisjoint(const Validator& v, const fb::Checkpoint* ck, const TensorScan& scan) {
+  const auto& ext = scan.extents;
+  const size_t n = ext.size();
   auto* order = ck->data_order();
   if (order != nullptr && order->size() > 0) {
-    if (order->size() != nonempty) {
-      return v.Fail(StrCat("data_order has ", order->size(), " entries for ", nonempty,
+    if (order->size() != scan.nonempty) {
+      return v.Fail(StrCat("data_order has ", order->size(), " entries for ", scan.nonempty,
                            " tensors with data"));
     }
     uint64_t prev_end = 0;
@@ -544,37 +595,51 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       }
       prev_end = ext[idx].second;
     }
-  } else {
-    bool monotonic = true;
-    for (const SliceResult& r : results) monotonic = monotonic && r.monotonic;
-    std::vector<std::pair<uint64_t, uint64_t>> extents;
-    extents.reserve(nonempty);
-    for (const auto& e : ext) {
-      if (e.first != e.second) extents.push_back(e);
-    }
-    // Slices were each in order; the whole list is in order only if slice ends line up too.
-    for (size_t i = 1; monotonic && i < extents.size(); ++i) {
-      if (extents[i].first < extents[i - 1].second) monotonic = false;
-    }
-    if (!monotonic) {
-      std::sort(extents.begin(), extents.end());
-      for (size_t i = 1; i < extents.size(); ++i) {
-        if (extents[i].first < extents[i - 1].second) {
-          return v.Fail(StrCat("tensor data extents overlap at offset ", extents[i].first));
-        }
+    return Status::Ok();
+  }
+  bool monotonic = scan.monotonic;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  extents.reserve(scan.nonempty);
+  for (const auto& e : ext) {
+    if (e.first != e.second) extents.push_back(e);
+  }
+  // Slices were each in order; the whole list is in order only if slice ends line up too.
+  for (size_t i = 1; monotonic && i < extents.size(); ++i) {
+    if (extents[i].first < extents[i - 1].second) monotonic = false;
+  }
+  if (!monotonic) {
+    std::sort(extents.begin(), extents.end());
+    for (size_t i = 1; i < extents.size(); ++i) {
+      if (extents[i].first < extents[i - 1].second) {
+        return v.Fail(StrCat("tensor data extents overlap at offset ", extents[i].first));
       }
     }
   }
-  std::string_view prev;
-  FERRY_RETURN_IF_ERROR(CheckQuantized(v, ck));
-  FERRY_RETURN_IF_ERROR(CheckScaling(v, ck));
+  return Status::Ok();
+}
+
+Status CheckMetadata(const Validator& v, const fb::Checkpoint* ck) {
   auto* md = ck->metadata();
-  prev = {};
+  std::string_view prev;
   for (size_t i = 0; i < Count(md); ++i) {
     std::string_view key = Sv(md->Get(static_cast<flatbuffers::uoffset_t>(i))->key());
     FERRY_RETURN_IF_ERROR(v.CheckName(key, prev, i == 0, "metadata key", i));
     prev = key;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
+                                          const std::string& path, const FooterRules& rules) {
+  Validator v{path, data_end, rules};
+  FERRY_ASSIGN_OR_RETURN(const fb::Checkpoint* ck, VerifyRoot(v, footer, size));
+  FERRY_ASSIGN_OR_RETURN(TensorScan scan, CheckTensorTables(v, ck, footer, size, data_end));
+  FERRY_RETURN_IF_ERROR(CheckDisjoint(v, ck, scan));
+  FERRY_RETURN_IF_ERROR(CheckQuantized(v, ck));
+  FERRY_RETURN_IF_ERROR(CheckScaling(v, ck));
+  FERRY_RETURN_IF_ERROR(CheckMetadata(v, ck));
   return ck;
 }
 
