@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -241,10 +242,7 @@ class UnmappedReadTest : public ::testing::Test {
   void Add(Writer& w, const std::string& name, DType dtype, std::vector<int64_t> shape,
            Encoding enc, uint64_t seed) {
     uint64_t n = *StorageBytes(dtype, *NumElements(shape));
-    std::vector<uint8_t> bytes = RandomBytes(n, seed);
-    if (enc != Encoding::kRaw) {
-      for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x0f;  // compressible
-    }
+    std::vector<uint8_t> bytes = testing::TensorBytes(n, seed, enc != Encoding::kRaw);
     ASSERT_TRUE(w.AddTensor(name, dtype, shape, bytes.data(), n, enc).ok());
     expected_[name] = std::move(bytes);
   }
@@ -288,7 +286,8 @@ TEST_F(UnmappedReadTest, ReadIntoAndRowsGiveTheSameBytes) {
       for (const auto& reader : {mapped_, unmapped_}) {
         std::vector<uint8_t> got(want.size() + 1, 0xEE);
         ASSERT_TRUE(reader->ReadInto(name, got.data(), got.size(), {verify}).ok()) << name;
-        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size())) << name;
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << name;
+        EXPECT_EQ(got[want.size()], 0xEE) << name;
       }
     }
     // Rows 100..211 of a 300-row tensor: cut blocks at both ends.
@@ -430,6 +429,7 @@ TEST(UnmappedSafetensorsTest, HeadersOfAnySizeGiveTheSameBytes) {
     ASSERT_TRUE(a.ok() && b.ok()) << b.status().ToString();
     for (size_t i = 0; i < a->size(); ++i) {
       ASSERT_EQ((*a)[i].nbytes, (*b)[i].nbytes);
+      if ((*a)[i].nbytes == 0) continue;
       EXPECT_EQ(0, std::memcmp((*a)[i].data, (*b)[i].data, (*a)[i].nbytes)) << i;
     }
   }

@@ -59,6 +59,16 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return out;
 }
 
+// `n` random bytes; with `compressible`, every second byte keeps only its low nibble (the
+// low-entropy high bytes of real weights), so encoded tensors really compress.
+inline std::vector<uint8_t> TensorBytes(size_t n, uint64_t seed, bool compressible) {
+  std::vector<uint8_t> bytes = RandomBytes(n, seed);
+  if (compressible) {
+    for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x0f;
+  }
+  return bytes;
+}
+
 }  // namespace ferry::testing
 
 #endif  // FERRY_TESTS_TEST_UTIL_HPP_
