@@ -235,8 +235,9 @@ FERRY_XXH3_FN uint64_t MergeInput(uint64_t acc, int lane, const uint64_t* sw) {
 }
 FERRY_XXH3_FN uint64_t Merge(const uint64_t acc[8], uint64_t len, const uint64_t* sw) {
   uint64_t h = len * kPrime64_1;
-  for (int i = 0; i < 8; i += 2)
+  for (int i = 0; i < 8; i += 2) {
     h += Fold64(MergeInput(acc[i], i, sw), MergeInput(acc[i + 1], i + 1, sw));
+  }
   return Avalanche(h);
 }
 
@@ -327,6 +328,19 @@ struct ByteLoader {
   }
 };
 
+// ShiftLoader for the stripe blocks at the input's edges: a load whose aligned words would reach
+// outside the input reads single bytes instead (at most the first and the last few).
+template <int kWord>
+struct EdgeShiftLoader {
+  const uint8_t* p;
+  unsigned r;  // p's offset past a 16-byte boundary, 1 to 15
+  uint64_t len;
+  FERRY_XXH3_FN Words16 operator()(uint64_t off) const {
+    if (off >= 16 && off + 32 <= len + r) return ShiftLoader<kWord>{p - r, 8 * (r & 3)}(off);
+    return ByteLoader{p}(off);
+  }
+};
+
 // 8 bytes at any address.
 FERRY_XXH3_FN uint64_t LoadAny64(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
@@ -364,7 +378,7 @@ FERRY_XXH3_FN int LoadModeOf(const uint8_t* p) {
 
 // StripeBlockPair for input `p` of `len` bytes in load mode kMode (LoadModeOf(p)). The shifted
 // loads stay within the input except in the first stripe block and, for some lengths, the last
-// full one: those read single bytes.
+// full one: those check each load.
 template <int kMode>
 FERRY_XXH3_FN void LoadedStripeBlockPair(const uint8_t* p, uint64_t len, uint64_t g, int pair,
                                          const uint64_t* sw, uint64_t& even, uint64_t& odd) {
@@ -377,7 +391,7 @@ FERRY_XXH3_FN void LoadedStripeBlockPair(const uint8_t* p, uint64_t len, uint64_
     if (g >= 1 && (g + 1) * kStripeBlockBytes + 16 <= len) {
       StripeBlockPair(ShiftLoader<kMode>{p - r, 8 * (r & 3)}, g, pair, sw, even, odd);
     } else {
-      StripeBlockPair(ByteLoader{p}, g, pair, sw, even, odd);
+      StripeBlockPair(EdgeShiftLoader<kMode>{p, r, len}, g, pair, sw, even, odd);
     }
   }
 }
