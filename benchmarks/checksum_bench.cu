@@ -4,8 +4,9 @@
 // decimal.
 //
 //   checksum_bench [--benchmark_filter=...]
-//   BM_Checksum/<blocks>/<block bytes>/<address offset>: ChecksumOnDevice over that many blocks
-//   laid end to end from an offset past a 256-byte boundary (offset 1: every block misaligned).
+//   BM_Checksum/blocks/bytes/offset/form: that many blocks of that many bytes laid end to end
+//   from `offset` bytes past a 256-byte boundary (offset 1: every block misaligned), through
+//   ChecksumOnDevice (form 0), ChecksumTableOnDevice (1) or VerifyOnDevice (2).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -79,47 +80,33 @@ std::vector<DeviceBlock> Blocks(size_t n, size_t bytes, size_t offset) {
   return blocks;
 }
 
+// The entry points, by the fourth argument.
+enum Form { kHostList = 0, kDeviceTable = 1, kVerifyHostList = 2 };
+
+// Args: blocks, bytes per block, address offset, Form.
 void BM_Checksum(benchmark::State& state) {
   const size_t n = state.range(0), bytes = state.range(1), offset = state.range(2);
-  if (n * bytes > kArenaBytes) return state.SkipWithError("larger than the arena");
-  const std::vector<DeviceBlock> blocks = Blocks(n, bytes, offset);
-  uint64_t* sums = nullptr;
-  BENCH_CUDA(cudaMalloc(&sums, n * sizeof(uint64_t)));
-  Timed(state, nullptr, n * bytes, [&] {
-    Status st = ChecksumOnDevice(blocks.data(), static_cast<int>(n), sums, nullptr);
-    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str()), std::exit(1);
-  });
-  BENCH_CUDA(cudaFree(sums));
-}
-
-void BM_Verify(benchmark::State& state) {
-  const size_t n = state.range(0), bytes = state.range(1), offset = state.range(2);
-  const std::vector<DeviceBlock> blocks = Blocks(n, bytes, offset);
-  uint32_t* flags = nullptr;
-  BENCH_CUDA(cudaMalloc(&flags, n * sizeof(uint32_t)));
-  BENCH_CUDA(cudaMemset(flags, 0, n * sizeof(uint32_t)));
-  Timed(state, nullptr, n * bytes, [&] {
-    Status st = VerifyOnDevice(blocks.data(), static_cast<int>(n), flags, nullptr);
-    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str()), std::exit(1);
-  });
-  BENCH_CUDA(cudaFree(flags));
-}
-
-// The descriptors in device memory: one launch for all blocks.
-void BM_ChecksumTable(benchmark::State& state) {
-  const size_t n = state.range(0), bytes = state.range(1), offset = state.range(2);
+  const auto form = static_cast<Form>(state.range(3));
+  if (n * bytes + offset > kArenaBytes + 4096) return state.SkipWithError("larger than the arena");
   const std::vector<DeviceBlock> blocks = Blocks(n, bytes, offset);
   DeviceBlock* table = nullptr;
   uint64_t* sums = nullptr;
+  uint32_t* flags = nullptr;
   BENCH_CUDA(cudaMalloc(&table, n * sizeof(DeviceBlock)));
-  BENCH_CUDA(cudaMalloc(&sums, n * sizeof(uint64_t)));
   BENCH_CUDA(cudaMemcpy(table, blocks.data(), n * sizeof(DeviceBlock), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&sums, n * sizeof(uint64_t)));
+  BENCH_CUDA(cudaMalloc(&flags, n * sizeof(uint32_t)));
+  BENCH_CUDA(cudaMemset(flags, 0, n * sizeof(uint32_t)));
   Timed(state, nullptr, n * bytes, [&] {
-    Status st = ChecksumTableOnDevice(table, static_cast<int>(n), sums, nullptr);
+    const int count = static_cast<int>(n);
+    Status st = form == kHostList      ? ChecksumOnDevice(blocks.data(), count, sums, nullptr)
+                : form == kDeviceTable ? ChecksumTableOnDevice(table, count, sums, nullptr)
+                                       : VerifyOnDevice(blocks.data(), count, flags, nullptr);
     if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str()), std::exit(1);
   });
   BENCH_CUDA(cudaFree(table));
   BENCH_CUDA(cudaFree(sums));
+  BENCH_CUDA(cudaFree(flags));
 }
 
 constexpr int kCeilingThreads = 512;
@@ -194,33 +181,32 @@ bool HaveDevice() {
 
 BENCHMARK(BM_ReadKernelCeiling)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CopyKernelCeiling)->UseManualTime()->Unit(benchmark::kMicrosecond);
-// 2048 format blocks (8 GiB) at 16-byte, 8-byte and odd addresses.
+// 2048 format blocks (8 GiB) at 16-byte, 8-byte and odd addresses, descriptors from the host
+// (160 per launch) and from a device table (one launch), and the verifying form.
 BENCHMARK(BM_Checksum)
-    ->Args({2048, 4 * kMiB, 0})
-    ->Args({2048, 4 * kMiB, 8})
-    ->Args({2048, 4 * kMiB, 1})
-    // Fewer blocks per call: one block is bound by its chain of scrambles.
-    ->Args({1, 4 * kMiB, 0})
-    ->Args({4, 4 * kMiB, 0})
-    ->Args({16, 4 * kMiB, 0})
-    ->Args({64, 4 * kMiB, 0})
-    ->Args({160, 4 * kMiB, 0})
-    ->Args({512, 4 * kMiB, 0})
-    // Small blocks: the tails of many tensors.
-    ->Args({65536, 65536, 0})
-    ->Args({65536, 4096, 0})
-    ->Args({65536, 100, 0})
+    ->ArgNames({"blocks", "bytes", "offset", "form"})
+    ->Args({2048, 4 * kMiB, 0, kHostList})
+    ->Args({2048, 4 * kMiB, 8, kHostList})
+    ->Args({2048, 4 * kMiB, 1, kHostList})
+    ->Args({2048, 4 * kMiB, 0, kDeviceTable})
+    ->Args({2048, 4 * kMiB, 1, kDeviceTable})
+    ->Args({2048, 4 * kMiB, 0, kVerifyHostList})
+    // Fewer blocks per call: a single block is bound by its chain of scrambles.
+    ->Args({1, 4 * kMiB, 0, kHostList})
+    ->Args({4, 4 * kMiB, 0, kHostList})
+    ->Args({16, 4 * kMiB, 0, kHostList})
+    ->Args({64, 4 * kMiB, 0, kHostList})
+    ->Args({160, 4 * kMiB, 0, kHostList})
+    ->Args({512, 4 * kMiB, 0, kHostList})
+    ->Args({512, 4 * kMiB, 0, kDeviceTable})
+    // Small blocks: the last blocks of many tensors.
+    ->Args({65536, 65536, 0, kHostList})
+    ->Args({65536, 65536, 0, kDeviceTable})
+    ->Args({65536, 4096, 0, kDeviceTable})
+    ->Args({65536, 100, 0, kHostList})
+    ->Args({65536, 100, 0, kDeviceTable})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_ChecksumTable)
-    ->Args({2048, 4 * kMiB, 0})
-    ->Args({2048, 4 * kMiB, 1})
-    ->Args({512, 4 * kMiB, 0})
-    ->Args({65536, 65536, 0})
-    ->Args({65536, 100, 0})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Verify)->Args({2048, 4 * kMiB, 0})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
