@@ -32,10 +32,12 @@ inline constexpr uint32_t kChecksumMismatch = 0xFFFFFFFFu;
 // passes this point. The blocks must stay unchanged until then; nothing outside
 // [data, data + size) of any block is read. n == 0 enqueues nothing.
 //
-// Speed: each block is hashed by one thread block, whose scrambles (one per KiB of input, one
-// after the other) cap it at roughly 80-100 GB/s: a single 4 MiB block takes some 50 us
-// whatever the device. Batches of a few dozen or more large blocks run at memory bandwidth,
-// so verify many blocks per call rather than one at a time.
+// Speed: each block is hashed by one thread block (CTA). XXH3 scrambles its state after every
+// KiB, each scramble waiting for the previous one, so one block runs at a small fraction of
+// the device's memory bandwidth however it is split (4096 dependent steps per 4 MiB; 64 KiB
+// per CTA round trip on top). Only many blocks at once (dozens of 4 MiB blocks or more) keep
+// the memory bus busy: hash many blocks per call rather than a few at a time
+// (benchmarks/checksum_bench.cu measures both).
 //
 // Returns InvalidArgument for n < 0, a null `blocks`, `sums`, or data pointer of a nonempty
 // block, and CudaError for launch failures. Thread-safe.
