@@ -18,7 +18,7 @@ namespace ferry {
 struct DeviceBlock {
   const void* data = nullptr;  // device memory, any alignment; unused when size is 0
   uint64_t size = 0;           // bytes, any number
-  uint64_t expected = 0;       // Checksum64 of the intended bytes (read by VerifyOnDevice only)
+  uint64_t expected = 0;       // Checksum64 of the intended bytes (read by the Verify forms)
 };
 
 // The value VerifyOnDevice writes for a block whose checksum differs. Its low four bits are
