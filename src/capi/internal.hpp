@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -24,9 +25,13 @@
 #include "ferry/loader.hpp"
 #include "ferry/sharded.hpp"
 
+// A writer the caller owns, or the one a sharded save lends (committed and freed with the save).
 struct ferry_writer_t {
-  explicit ferry_writer_t(ferry::Writer w) : writer(std::move(w)) {}
-  ferry::Writer writer;
+  explicit ferry_writer_t(ferry::Writer w) : owned(std::move(w)), writer(&*owned) {}
+  explicit ferry_writer_t(ferry::Writer* lent) : writer(lent), lent(true) {}
+  std::optional<ferry::Writer> owned;
+  ferry::Writer* writer;
+  bool lent = false;
   bool spent = false;  // committed, or commit failed: the Writer must not be used again
 };
 
@@ -155,6 +160,11 @@ DLManagedTensorVersioned* MakeManaged(const ferry::TensorInfo& info, void* data,
 // scaling.cc
 int ToRecipe(const ferry_recipe_t& c, ferry::Recipe* out, const char* function,
              ferry_error_t* error);
+// A checked ScalingState from the C form; errors name `path`, the module and the direction.
+int ToScalingState(const char* module, const ferry_recipe_t& recipe,
+                   const ferry_direction_state_t* states, size_t num_states,
+                   const std::string& path, const char* function, ferry::ScalingState* out,
+                   ferry_error_t* error);
 std::unique_ptr<CScaling> ToCScaling(const ferry::ScalingState& s);
 void FillScaling(const CScaling& c, ferry_scaling_state_t* out);
 

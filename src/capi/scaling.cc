@@ -6,6 +6,101 @@ using namespace ferry::capi;  // NOLINT(build/namespaces): the entry points are 
 
 namespace {
 
+// The C++ recipe of a checked C recipe; false for an unknown kind.
+bool RecipeOf(const ferry_recipe_t& c, ferry::Recipe* out) {
+  auto fmt = static_cast<ferry::Fp8Format>(c.fp8_format);
+  switch (c.kind) {
+    case FERRY_RECIPE_NONE:
+      *out = std::monostate{};
+      return true;
+    case FERRY_RECIPE_DELAYED_SCALING: {
+      ferry::DelayedScaling r;
+      r.margin = c.margin;
+      r.fp8_format = fmt;
+      r.amax_history_len = c.amax_history_len;
+      r.amax_compute_algo = static_cast<ferry::AmaxComputeAlgo>(c.amax_compute_algo);
+      r.reduce_amax = c.reduce_amax != 0;
+      r.fp8_dpa = c.fp8_dpa != 0;
+      r.fp8_mha = c.fp8_mha != 0;
+      *out = r;
+      return true;
+    }
+    case FERRY_RECIPE_FLOAT8_CURRENT_SCALING: {
+      ferry::Float8CurrentScaling r;
+      r.fp8_format = fmt;
+      r.fp8_dpa = c.fp8_dpa != 0;
+      r.fp8_mha = c.fp8_mha != 0;
+      *out = r;
+      return true;
+    }
+    case FERRY_RECIPE_MXFP8_BLOCK_SCALING: {
+      ferry::MXFP8BlockScaling r;
+      r.fp8_format = fmt;
+      *out = r;
+      return true;
+    }
+    case FERRY_RECIPE_FLOAT8_BLOCK_SCALING: {
+      ferry::Float8BlockScaling r;
+      r.fp8_format = fmt;
+      r.x_block_scaling_dim = c.x_block_scaling_dim;
+      r.w_block_scaling_dim = c.w_block_scaling_dim;
+      r.grad_block_scaling_dim = c.grad_block_scaling_dim;
+      *out = r;
+      return true;
+    }
+    case FERRY_RECIPE_NVFP4_BLOCK_SCALING: {
+      ferry::NVFP4BlockScaling r;
+      r.disable_rht = c.disable_rht != 0;
+      r.disable_stochastic_rounding = c.disable_stochastic_rounding != 0;
+      r.disable_2d_quantization = c.disable_2d_quantization != 0;
+      *out = r;
+      return true;
+    }
+    case FERRY_RECIPE_CUSTOM: {
+      ferry::CustomRecipe r;
+      r.name = c.custom_name;
+      if (c.custom_qfactory != nullptr) r.qfactory = c.custom_qfactory;
+      *out = r;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// One direction of a scaling state, checked; `where` names the module and direction.
+int ToDirection(const ferry_direction_state_t& c, const std::string& where,
+                ferry::DirectionState* d, ferry_error_t* error) {
+  if (c.direction != FERRY_DIRECTION_FORWARD && c.direction != FERRY_DIRECTION_BACKWARD) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(where, ": invalid direction ", c.direction));
+  }
+  if (c.num_slots < 0 || c.history_len < 0) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(where, ": negative num_slots or history_len"));
+  }
+  size_t slots = static_cast<size_t>(c.num_slots);
+  size_t hist = slots * static_cast<size_t>(c.history_len);
+  if ((slots > 0 && (c.slot_roles == nullptr || c.scale == nullptr)) ||
+      (hist > 0 && c.amax_history == nullptr)) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(where, ": slot_roles, scale or amax_history is NULL"));
+  }
+  d->direction = static_cast<ferry::Direction>(c.direction);
+  d->num_gemms = c.num_gemms;
+  for (size_t k = 0; k < slots; ++k) {
+    if (c.slot_roles[k] < FERRY_SLOT_INPUT || c.slot_roles[k] > FERRY_SLOT_GRAD_INPUT) {
+      return Fail(error, FERRY_INVALID_ARGUMENT,
+                  ferry::StrCat(where, ": invalid slot role ", c.slot_roles[k], " in slot ", k));
+    }
+    d->slot_roles.push_back(static_cast<ferry::SlotRole>(c.slot_roles[k]));
+  }
+  if (slots > 0) d->scale.assign(c.scale, c.scale + slots);
+  if (hist > 0) d->amax_history.assign(c.amax_history, c.amax_history + hist);
+  d->history_len = c.history_len;
+  return FERRY_OK;
+}
+
 // Fills `c` (already ferry_recipe_init-ed for the right kind) from a C++ recipe; custom names
 // point into `owner`.
 void FromRecipe(const ferry::Recipe& recipe, CScaling* owner) {
@@ -70,72 +165,31 @@ int ToRecipe(const ferry_recipe_t& c, ferry::Recipe* out, const char* function,
       return bad("fp8_format", c.fp8_format);
     }
   }
-  auto fmt = static_cast<ferry::Fp8Format>(c.fp8_format);
-  switch (c.kind) {
-    case FERRY_RECIPE_NONE:
-      *out = std::monostate{};
-      return FERRY_OK;
-    case FERRY_RECIPE_DELAYED_SCALING: {
-      if (c.amax_compute_algo != FERRY_AMAX_COMPUTE_MAX &&
-          c.amax_compute_algo != FERRY_AMAX_COMPUTE_MOST_RECENT) {
-        return bad("amax_compute_algo", c.amax_compute_algo);
-      }
-      ferry::DelayedScaling r;
-      r.margin = c.margin;
-      r.fp8_format = fmt;
-      r.amax_history_len = c.amax_history_len;
-      r.amax_compute_algo = static_cast<ferry::AmaxComputeAlgo>(c.amax_compute_algo);
-      r.reduce_amax = c.reduce_amax != 0;
-      r.fp8_dpa = c.fp8_dpa != 0;
-      r.fp8_mha = c.fp8_mha != 0;
-      *out = r;
-      return FERRY_OK;
-    }
-    case FERRY_RECIPE_FLOAT8_CURRENT_SCALING: {
-      ferry::Float8CurrentScaling r;
-      r.fp8_format = fmt;
-      r.fp8_dpa = c.fp8_dpa != 0;
-      r.fp8_mha = c.fp8_mha != 0;
-      *out = r;
-      return FERRY_OK;
-    }
-    case FERRY_RECIPE_MXFP8_BLOCK_SCALING: {
-      ferry::MXFP8BlockScaling r;
-      r.fp8_format = fmt;
-      *out = r;
-      return FERRY_OK;
-    }
-    case FERRY_RECIPE_FLOAT8_BLOCK_SCALING: {
-      ferry::Float8BlockScaling r;
-      r.fp8_format = fmt;
-      r.x_block_scaling_dim = c.x_block_scaling_dim;
-      r.w_block_scaling_dim = c.w_block_scaling_dim;
-      r.grad_block_scaling_dim = c.grad_block_scaling_dim;
-      *out = r;
-      return FERRY_OK;
-    }
-    case FERRY_RECIPE_NVFP4_BLOCK_SCALING: {
-      ferry::NVFP4BlockScaling r;
-      r.disable_rht = c.disable_rht != 0;
-      r.disable_stochastic_rounding = c.disable_stochastic_rounding != 0;
-      r.disable_2d_quantization = c.disable_2d_quantization != 0;
-      *out = r;
-      return FERRY_OK;
-    }
-    case FERRY_RECIPE_CUSTOM: {
-      if (c.custom_name == nullptr || c.custom_name[0] == '\0') {
-        return Fail(error, FERRY_INVALID_ARGUMENT,
-                    ferry::StrCat(function, ": a custom recipe needs custom_name"));
-      }
-      ferry::CustomRecipe r;
-      r.name = c.custom_name;
-      if (c.custom_qfactory != nullptr) r.qfactory = c.custom_qfactory;
-      *out = r;
-      return FERRY_OK;
-    }
-    default:
-      return bad("kind", c.kind);
+  if (c.kind == FERRY_RECIPE_DELAYED_SCALING && c.amax_compute_algo != FERRY_AMAX_COMPUTE_MAX &&
+      c.amax_compute_algo != FERRY_AMAX_COMPUTE_MOST_RECENT) {
+    return bad("amax_compute_algo", c.amax_compute_algo);
   }
+  if (c.kind == FERRY_RECIPE_CUSTOM && (c.custom_name == nullptr || c.custom_name[0] == '\0')) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(function, ": a custom recipe needs custom_name"));
+  }
+  return RecipeOf(c, out) ? FERRY_OK : bad("kind", c.kind);
+}
+
+int ToScalingState(const char* module, const ferry_recipe_t& recipe,
+                   const ferry_direction_state_t* states, size_t num_states,
+                   const std::string& path, const char* function, ferry::ScalingState* out,
+                   ferry_error_t* error) {
+  out->module = module;
+  int rc = ToRecipe(recipe, &out->recipe, function, error);
+  for (size_t i = 0; rc == FERRY_OK && i < num_states; ++i) {
+    ferry::DirectionState d;
+    rc = ToDirection(
+        states[i], ferry::StrCat(path, ": scaling state ", ferry::Quote(module), " direction ", i),
+        &d, error);
+    out->states.push_back(std::move(d));
+  }
+  return rc;
 }
 
 std::unique_ptr<CScaling> ToCScaling(const ferry::ScalingState& s) {

@@ -1,5 +1,7 @@
 // ferry_writer_t, asynchronous saves (ferry_save_t) and staging pools.
 
+#include <optional>
+
 #include "capi/internal.hpp"
 
 using namespace ferry::capi;  // NOLINT(build/namespaces): the entry points are shells over these
@@ -20,19 +22,50 @@ int CheckAddArgs(const ferry_writer_t* writer, const char* name, int32_t dtype,
                  ferry_error_t* error) {
   if (writer->spent) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
-                ferry::StrCat(writer->writer.path(), ": writer already committed"));
+                ferry::StrCat(writer->writer->path(), ": writer already committed"));
   }
   if (ndim < 0 || (ndim > 0 && shape == nullptr)) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
-                ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                ferry::StrCat(writer->writer->path(), ": tensor ", ferry::Quote(name),
                               ": bad shape (ndim ", ndim, ")"));
   }
   if (!ValidDType(dtype)) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
-                ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name),
+                ferry::StrCat(writer->writer->path(), ": tensor ", ferry::Quote(name),
                               ": unknown dtype ", dtype));
   }
   return CheckEncoding(encoding, function, error);
+}
+
+// A commit uses the writer up; a sharded save's writer is committed by the save.
+int Spend(ferry_writer_t* writer, ferry_error_t* error) {
+  if (writer->lent) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer->path(),
+                              ": this writer belongs to a sharded save; commit the save "
+                              "(ferry_sharded_save_commit)"));
+  }
+  if (writer->spent) {
+    return Fail(error, FERRY_INVALID_ARGUMENT,
+                ferry::StrCat(writer->writer->path(), ": writer already committed"));
+  }
+  writer->spent = true;
+  return FERRY_OK;
+}
+
+// Checks one tensor's arguments, then adds it with add(writer, dtype, dims, encoding), the
+// encoding empty for the writer's default.
+template <typename Add>
+int AddOne(ferry_writer_t* writer, const char* name, int32_t dtype, const int64_t* shape,
+           int32_t ndim, int32_t encoding, const char* fn, ferry_error_t* error, Add add) {
+  FERRY_C_REQUIRE(writer);
+  FERRY_C_REQUIRE(name);
+  int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
+  if (rc != FERRY_OK) return rc;
+  std::vector<int64_t> dims(shape, shape + ndim);
+  std::optional<ferry::Encoding> enc;
+  if (encoding != FERRY_ENCODING_DEFAULT) enc = static_cast<ferry::Encoding>(encoding);
+  return Report(add(*writer->writer, static_cast<ferry::DType>(dtype), dims, enc), error);
 }
 
 }  // namespace
@@ -116,17 +149,12 @@ int ferry_writer_add_tensor(ferry_writer_t* writer, const char* name, int32_t dt
                             const int64_t* shape, int32_t ndim, const void* data, uint64_t nbytes,
                             int32_t encoding, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
-    FERRY_C_REQUIRE(writer);
-    FERRY_C_REQUIRE(name);
-    int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
-    if (rc != FERRY_OK) return rc;
-    std::vector<int64_t> dims(shape, shape + ndim);
-    auto dt = static_cast<ferry::DType>(dtype);
-    Status st = encoding == FERRY_ENCODING_DEFAULT
-                    ? writer->writer.AddTensor(name, dt, dims, data, nbytes)
-                    : writer->writer.AddTensor(name, dt, dims, data, nbytes,
-                                               static_cast<ferry::Encoding>(encoding));
-    return Report(st, error);
+    return AddOne(writer, name, dtype, shape, ndim, encoding, fn, error,
+                  [&](ferry::Writer& w, ferry::DType dt, const std::vector<int64_t>& dims,
+                      std::optional<ferry::Encoding> enc) {
+                    return enc ? w.AddTensor(name, dt, dims, data, nbytes, *enc)
+                               : w.AddTensor(name, dt, dims, data, nbytes);
+                  });
   });
 }
 
@@ -135,25 +163,20 @@ int ferry_writer_add_device_tensor_async(ferry_writer_t* writer, const char* nam
                                          uint64_t nbytes, int32_t encoding, void* stream,
                                          ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
-    FERRY_C_REQUIRE(writer);
-    FERRY_C_REQUIRE(name);
-    int rc = CheckAddArgs(writer, name, dtype, shape, ndim, encoding, fn, error);
-    if (rc != FERRY_OK) return rc;
-    std::vector<int64_t> dims(shape, shape + ndim);
-    auto dt = static_cast<ferry::DType>(dtype);
     auto s = static_cast<ferry::Stream>(stream);
-    Status st = encoding == FERRY_ENCODING_DEFAULT
-                    ? writer->writer.AddDeviceTensor(name, dt, dims, data, nbytes, s)
-                    : writer->writer.AddDeviceTensor(name, dt, dims, data, nbytes, s,
-                                                     static_cast<ferry::Encoding>(encoding));
-    return Report(st, error);
+    return AddOne(writer, name, dtype, shape, ndim, encoding, fn, error,
+                  [&](ferry::Writer& w, ferry::DType dt, const std::vector<int64_t>& dims,
+                      std::optional<ferry::Encoding> enc) {
+                    return enc ? w.AddDeviceTensor(name, dt, dims, data, nbytes, s, *enc)
+                               : w.AddDeviceTensor(name, dt, dims, data, nbytes, s);
+                  });
   });
 }
 
 int ferry_writer_wait_snapshot(ferry_writer_t* writer, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
-    return Report(writer->writer.WaitSnapshot(), error);
+    return Report(writer->writer->WaitSnapshot(), error);
   });
 }
 
@@ -164,7 +187,7 @@ int ferry_writer_add_dltensor(ferry_writer_t* writer, const char* name, const DL
     FERRY_C_REQUIRE(name);
     FERRY_C_REQUIRE(tensor);
     auto where = [&] {
-      return ferry::StrCat(writer->writer.path(), ": tensor ", ferry::Quote(name));
+      return ferry::StrCat(writer->writer->path(), ": tensor ", ferry::Quote(name));
     };
     DLDeviceType dev = tensor->device.device_type;
     if (dev != kDLCPU && dev != kDLCUDAHost && dev != kDLCUDAManaged) {
@@ -214,7 +237,7 @@ int ferry_writer_set_metadata(ferry_writer_t* writer, const char* key, const cha
     FERRY_C_REQUIRE(writer);
     FERRY_C_REQUIRE(key);
     FERRY_C_REQUIRE(value);
-    return Report(writer->writer.SetMetadata(key, value), error);
+    return Report(writer->writer->SetMetadata(key, value), error);
   });
 }
 
@@ -230,59 +253,17 @@ int ferry_writer_add_scaling_state(ferry_writer_t* writer, const char* module,
     int rc = CheckSized(recipe, fn, "recipe", error);
     if (rc != FERRY_OK) return rc;
     ferry::ScalingState s;
-    s.module = module;
-    rc = ToRecipe(*recipe, &s.recipe, fn, error);
+    rc = ToScalingState(module, *recipe, states, num_states, writer->writer->path(), fn, &s, error);
     if (rc != FERRY_OK) return rc;
-    auto where = [&](size_t i) {
-      return ferry::StrCat(writer->writer.path(), ": scaling state ", ferry::Quote(module),
-                           " direction ", i);
-    };
-    for (size_t i = 0; i < num_states; ++i) {
-      const ferry_direction_state_t& c = states[i];
-      if (c.direction != FERRY_DIRECTION_FORWARD && c.direction != FERRY_DIRECTION_BACKWARD) {
-        return Fail(error, FERRY_INVALID_ARGUMENT,
-                    ferry::StrCat(where(i), ": invalid direction ", c.direction));
-      }
-      if (c.num_slots < 0 || c.history_len < 0) {
-        return Fail(error, FERRY_INVALID_ARGUMENT,
-                    ferry::StrCat(where(i), ": negative num_slots or history_len"));
-      }
-      size_t slots = static_cast<size_t>(c.num_slots);
-      size_t hist = slots * static_cast<size_t>(c.history_len);
-      if ((slots > 0 && (c.slot_roles == nullptr || c.scale == nullptr)) ||
-          (hist > 0 && c.amax_history == nullptr)) {
-        return Fail(error, FERRY_INVALID_ARGUMENT,
-                    ferry::StrCat(where(i), ": slot_roles, scale or amax_history is NULL"));
-      }
-      ferry::DirectionState d;
-      d.direction = static_cast<ferry::Direction>(c.direction);
-      d.num_gemms = c.num_gemms;
-      for (size_t k = 0; k < slots; ++k) {
-        if (c.slot_roles[k] < FERRY_SLOT_INPUT || c.slot_roles[k] > FERRY_SLOT_GRAD_INPUT) {
-          return Fail(
-              error, FERRY_INVALID_ARGUMENT,
-              ferry::StrCat(where(i), ": invalid slot role ", c.slot_roles[k], " in slot ", k));
-        }
-        d.slot_roles.push_back(static_cast<ferry::SlotRole>(c.slot_roles[k]));
-      }
-      if (slots > 0) d.scale.assign(c.scale, c.scale + slots);
-      if (hist > 0) d.amax_history.assign(c.amax_history, c.amax_history + hist);
-      d.history_len = c.history_len;
-      s.states.push_back(std::move(d));
-    }
-    return Report(writer->writer.AddScalingState(s), error);
+    return Report(writer->writer->AddScalingState(s), error);
   });
 }
 
 int ferry_writer_commit(ferry_writer_t* writer, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
-    if (writer->spent) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
-    }
-    writer->spent = true;
-    return Report(writer->writer.Commit(), error);
+    if (int rc = Spend(writer, error); rc != FERRY_OK) return rc;
+    return Report(writer->writer->Commit(), error);
   });
 }
 
@@ -290,12 +271,8 @@ int ferry_writer_commit_async(ferry_writer_t* writer, ferry_save_t** out, ferry_
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(writer);
     FERRY_C_REQUIRE(out);
-    if (writer->spent) {
-      return Fail(error, FERRY_INVALID_ARGUMENT,
-                  ferry::StrCat(writer->writer.path(), ": writer already committed"));
-    }
-    writer->spent = true;
-    auto h = writer->writer.CommitAsync();
+    if (int rc = Spend(writer, error); rc != FERRY_OK) return rc;
+    auto h = writer->writer->CommitAsync();
     if (!h.ok()) return Report(h.status(), error);
     *out = new ferry_save_t{std::move(h).value()};
     return FERRY_OK;
@@ -351,13 +328,13 @@ void ferry_staging_pool_free(ferry_staging_pool_t* pool) {
 void ferry_writer_abort(ferry_writer_t* writer) {
   if (writer == nullptr) return;
   try {
-    writer->writer.Abort();
+    writer->writer->Abort();
   } catch (...) {
   }
 }
 
 void ferry_writer_free(ferry_writer_t* writer) {
-  if (writer == nullptr) return;
+  if (writer == nullptr || writer->lent) return;  // a sharded save's goes with the save
   try {
     delete writer;  // ~Writer aborts an uncommitted file
   } catch (...) {
