@@ -33,6 +33,29 @@ int NullArg(ferry_error_t* error, const char* function, const char* arg) {
               ferry::StrCat(function, ": ", arg, " must not be NULL"));
 }
 
+std::function<Status(uint64_t*, size_t)> ToAllReduce(ferry_all_reduce_max_fn fn, void* user) {
+  return [fn, user](uint64_t* words, size_t count) -> Status {
+    const int32_t rc = fn(user, words, count);
+    if (rc == 0) return Status::Ok();
+    return ferry::Error(StatusCode::kInternal, "the all_reduce_max callback failed (it returned ",
+                        rc, ")");
+  };
+}
+
+int ToPairs(const char* const* keys, const char* const* values, size_t n, const char* fn,
+            std::vector<std::pair<std::string, std::string>>* out, ferry_error_t* error) {
+  if (n > 0 && (keys == nullptr || values == nullptr)) return NullArg(error, fn, "metadata_keys");
+  for (size_t i = 0; i < n; ++i) {
+    if (keys[i] == nullptr || values[i] == nullptr) {
+      return Fail(
+          error, FERRY_INVALID_ARGUMENT,
+          ferry::StrCat(fn, ": metadata_keys[", i, "] or metadata_values[", i, "] is NULL"));
+    }
+    out->emplace_back(keys[i], values[i]);
+  }
+  return FERRY_OK;
+}
+
 }  // namespace ferry::capi
 
 using namespace ferry::capi;  // NOLINT(build/namespaces): the entry points are shells over these

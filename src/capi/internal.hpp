@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -87,6 +88,24 @@ struct ferry_sharded_t {
   std::shared_ptr<ferry::ShardedCheckpoint> sharded;
 };
 
+struct ferry_sharded_save_t {
+  std::unique_ptr<ferry::ShardedSave> save;
+  std::unique_ptr<ferry_writer_t> writer;  // lends save->writer()
+};
+
+// A plan made by MakeDistPlan, in its C form (the arrays ferry_dist_plan_view points into).
+struct ferry_dist_plan_t {
+  std::shared_ptr<ferry::ShardedCheckpoint> checkpoint;  // the item names point into it too
+  std::function<ferry::Status(uint64_t*, size_t)> all_reduce_max;
+  int32_t rank = 0;
+  int32_t rounds = 1;
+  std::vector<std::string> names;
+  std::vector<ferry_dist_item_t> items;
+  uint64_t arena_bytes = 0;
+  std::vector<ferry_dist_broadcast_t> broadcasts;
+  std::vector<ferry_dist_read_t> reads;
+};
+
 struct ferry_loader_t {
   std::unique_ptr<ferry::Loader> loader;
 };
@@ -147,6 +166,13 @@ int CheckSized(const T* s, const char* function, const char* what, ferry_error_t
 #define FERRY_C_HAS(ptr, field) \
   ((ptr)->struct_size >=        \
    offsetof(std::remove_pointer_t<decltype(ptr)>, field) + sizeof((ptr)->field))
+
+// The caller's all-reduce as the library's (a non-zero return is an error naming `fn`).
+std::function<Status(uint64_t*, size_t)> ToAllReduce(ferry_all_reduce_max_fn fn, void* user);
+
+// `n` key/value string pairs (either array may be NULL when n is 0), for metadata.
+int ToPairs(const char* const* keys, const char* const* values, size_t n, const char* fn,
+            std::vector<std::pair<std::string, std::string>>* out, ferry_error_t* error);
 
 // dtypes.cc
 bool ValidDType(int32_t dtype);
