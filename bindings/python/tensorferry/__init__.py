@@ -315,6 +315,16 @@ def _nbytes(value):
     return getattr(value, "nbytes", 0)
 
 
+def _staging_for(tensors, staging):
+    """The StagingPool an asynchronous save of `tensors` uses: `staging` itself, a new pool of
+    that many bytes, or (None) the process-wide one."""
+    if staging is None:
+        return _pool_for(sum(_nbytes(v) for v in tensors.values()))
+    if not isinstance(staging, StagingPool):
+        return StagingPool(int(staging))
+    return staging
+
+
 def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=None,
                     block_size=None, threads=0, durable=True, scaling_state=None, producer=None,
                     staging=None, direct_io=True, progress=None):
@@ -327,14 +337,11 @@ def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=
     pool at least as large as `tensors` (allocated on first use, grown when a larger
     checkpoint comes). With a pool smaller than the checkpoint, the call also waits until all
     but the last pool-full of bytes are written to the file."""
-    if staging is None:
-        staging = _pool_for(sum(_nbytes(v) for v in tensors.values()))
-    elif not isinstance(staging, StagingPool):
-        staging = StagingPool(int(staging))
     return save_file(tensors, path, metadata, encoding=encoding, zstd_level=zstd_level,
                      block_size=block_size, threads=threads, durable=durable,
-                     scaling_state=scaling_state, producer=producer, staging=staging,
-                     direct_io=direct_io, progress=progress, _background=True)
+                     scaling_state=scaling_state, producer=producer,
+                     staging=_staging_for(tensors, staging), direct_io=direct_io,
+                     progress=progress, _background=True)
 
 
 def _is_torch(value):
@@ -398,6 +405,32 @@ class _Progress:
         self.c_function = _lib.PROGRESS_FN(call)
 
 
+def _refuse_shared(tensors):
+    shared = shared_tensor_groups(tensors)
+    if shared:
+        # Stored twice, they would load as independent tensors (as safetensors refuses them).
+        raise RuntimeError(
+            "tensorferry: some tensors share memory, which would store their bytes twice and "
+            "load them as separate tensors: %s. Save one of each group (or .clone() the "
+            "others), or use tensorferry.torch.save_model, which drops the duplicate names."
+            % ", ".join("{%s}" % ", ".join(repr(n) for n in sorted(g)) for g in shared))
+
+
+def _fill_writer(handle, tensors, metadata, scaling_state, keep):
+    """Adds tensors, metadata and scaling state to a C writer handle; device sources stay
+    referenced in `keep` until the snapshot is complete."""
+    for name, value in tensors.items():
+        _add_source(handle, name, value, keep)
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
+                            % (key, value))
+        _lib.call("ferry_writer_set_metadata", handle, _text(key, "metadata key"),
+                  _text(value, "metadata value"))
+    if scaling_state:
+        _scaling.add_to_writer(handle, scaling_state)
+
+
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
               threads=0, durable=True, scaling_state=None, producer=None, min_savings=None,
               staging=None, direct_io=True, progress=None, _background=False):
@@ -427,14 +460,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
-    shared = shared_tensor_groups(tensors)
-    if shared:
-        # Stored twice, they would load as independent tensors (as safetensors refuses them).
-        raise RuntimeError(
-            "tensorferry: some tensors share memory, which would store their bytes twice and "
-            "load them as separate tensors: %s. Save one of each group (or .clone() the "
-            "others), or use tensorferry.torch.save_model, which drops the duplicate names."
-            % ", ".join("{%s}" % ", ".join(repr(n) for n in sorted(g)) for g in shared))
+    _refuse_shared(tensors)
     opts = _lib.writer_options(encoding, zstd_level, threads, durable, block_size, min_savings,
                                producer)
     L = _lib.lib()
@@ -447,16 +473,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
     keep = []  # CUDA sources (and their contiguous copies) until the snapshot is complete
     try:
-        for name, value in tensors.items():
-            _add_source(handle, name, value, keep)
-        for key, value in (metadata or {}).items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
-                                % (key, value))
-            _lib.call("ferry_writer_set_metadata", handle, _text(key, "metadata key"),
-                      _text(value, "metadata value"))
-        if scaling_state:
-            _scaling.add_to_writer(handle, scaling_state)
+        _fill_writer(handle, tensors, metadata, scaling_state, keep)
         if _background:
             save = ctypes.c_void_p()
             _lib.call("ferry_writer_commit_async", handle, ctypes.byref(save))
