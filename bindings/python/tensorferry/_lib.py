@@ -40,8 +40,10 @@ IO_ERROR = 8
 
 ENCODING_DEFAULT = -1
 ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2, "planes": 3}
+ENCODING_NAMES = {v: k for k, v in ENCODINGS.items()}
 
 READ_VERIFY = 1
+PACKED_ALIGNMENT = 256  # FERRY_PACKED_ALIGNMENT: where packed loads place each tensor
 
 DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
 DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
@@ -194,6 +196,16 @@ class TensorRecord(ctypes.Structure):
         ("encoding", c_int32),
         ("reserved", c_int32),
     ]
+
+
+def record_dtype(record_size):
+    """The numpy dtype of TensorRecord (ferry_tensor_record_t) for records `record_size` bytes
+    apart (a newer library may append fields)."""
+    import numpy as np
+
+    d = np.dtype(TensorRecord)
+    return np.dtype({"names": list(d.names), "formats": [d.fields[n][0] for n in d.names],
+                     "offsets": [d.fields[n][1] for n in d.names], "itemsize": record_size})
 
 
 class TensorTable(ctypes.Structure):
@@ -644,3 +656,16 @@ def writer_options(encoding, zstd_level=None, threads=0, durable=True, block_siz
     opts.durable = 1 if durable else 0
     opts.producer = text(producer, "producer") if producer else None
     return opts
+
+
+def storage_bytes(dtype_code, numel):
+    """Bytes `numel` elements of a dtype occupy (ferry_dtype_storage_bytes: FP4 packs two per
+    byte)."""
+    n = c_uint64()
+    call("ferry_dtype_storage_bytes", dtype_code, int(numel), ctypes.byref(n))
+    return n.value
+
+
+def packed_size(nbytes):
+    """`nbytes` rounded up to PACKED_ALIGNMENT: the room a tensor takes in a packed buffer."""
+    return (nbytes + PACKED_ALIGNMENT - 1) // PACKED_ALIGNMENT * PACKED_ALIGNMENT

@@ -115,7 +115,7 @@ def _initialized(dist):
 # ---- loading --------------------------------------------------------------------------------
 
 
-class _Checkpoint:
+class _Checkpoint(_tf._Closable):
     """Shards (tensorferry.Reader) and name -> shard, for one file or a sharded index (opened,
     parsed and checked by the library), over one ferry_sharded_t."""
 
@@ -163,11 +163,6 @@ class _Checkpoint:
         if h is not None:
             _lib.lib().ferry_sharded_free(h)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def open_checkpoint(path):
@@ -180,7 +175,7 @@ class _Item:
     __slots__ = ("name", "shard", "nbytes", "arena_offset")
 
 
-class _Plan:
+class _Plan(_tf._Closable):
     """The library's plan of a distributed load (ferry_dist_plan_t) for this rank: items (in
     file order; arena_offset None for a buffer of its own), arena_bytes, broadcasts[round] as
     (root, item, begin, bytes) and reads[round] as (item, begin, bytes, (row_begin, row_end)).
@@ -234,11 +229,6 @@ class _Plan:
         if h is not None:
             _lib.lib().ferry_dist_plan_free(h)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def load_file(path, process_group=None, device="cuda", *, names=None, local=None, rounds=4,
@@ -395,7 +385,7 @@ class ShardedSaveFuture:
         return self._outcome[0]
 
 
-class _ShardedSave:
+class _ShardedSave(_tf._Closable):
     """ferry_sharded_save_t: this rank's part of a sharded save (begun collectively)."""
 
     def __init__(self, path, rank, world, collective, writer_options, metadata, remove_replaced):
