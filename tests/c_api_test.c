@@ -168,6 +168,25 @@ static int write_checkpoint(const char* path) {
   ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
   rc = ferry_writer_add_scaling_state(w, "custom_without_name", &recipe, NULL, 0, &err);
   CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message,
+                 "c_api_test.ferry: scaling state 'custom_without_name': a custom "
+                 "recipe needs custom_name"));
+  ferry_recipe_init(&recipe, FERRY_RECIPE_MXFP8_BLOCK_SCALING);
+  recipe.fp8_format = 9;
+  rc = ferry_writer_add_scaling_state(w, "m", &recipe, NULL, 0, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "scaling state 'm': recipe field fp8_format has invalid value 9"));
+  ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
+  dirs[0].direction = 5;
+  rc = ferry_writer_add_scaling_state(w, "d", &recipe, dirs, 1, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "scaling state 'd': a custom recipe needs custom_name"));
+  recipe.custom_name = "x";
+  rc = ferry_writer_add_scaling_state(w, "d", &recipe, dirs, 1, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "scaling state 'd' direction 0: invalid direction 5"));
+  dirs[0].direction = FERRY_DIRECTION_FORWARD;
+  ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
   recipe.custom_name = "my_recipe";
   CHECK_OK(ferry_writer_add_scaling_state(w, "layers.1.custom", &recipe, NULL, 0, &err));
 

@@ -184,13 +184,10 @@ DLManagedTensorVersioned* MakeManaged(const ferry::TensorInfo& info, void* data,
                                       uint64_t flags, std::shared_ptr<const void> keepalive);
 
 // scaling.cc
-int ToRecipe(const ferry_recipe_t& c, ferry::Recipe* out, const char* function,
-             ferry_error_t* error);
 // A checked ScalingState from the C form; errors name `path`, the module and the direction.
 int ToScalingState(const char* module, const ferry_recipe_t& recipe,
                    const ferry_direction_state_t* states, size_t num_states,
-                   const std::string& path, const char* function, ferry::ScalingState* out,
-                   ferry_error_t* error);
+                   const std::string& path, ferry::ScalingState* out, ferry_error_t* error);
 std::unique_ptr<CScaling> ToCScaling(const ferry::ScalingState& s);
 void FillScaling(const CScaling& c, ferry_scaling_state_t* out);
 

@@ -153,11 +153,11 @@ void FromRecipe(const ferry::Recipe& recipe, CScaling* owner) {
 
 namespace ferry::capi {
 
-int ToRecipe(const ferry_recipe_t& c, ferry::Recipe* out, const char* function,
+int ToRecipe(const ferry_recipe_t& c, ferry::Recipe* out, const std::string& where,
              ferry_error_t* error) {
   auto bad = [&](const char* field, int32_t v) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
-                ferry::StrCat(function, ": recipe field ", field, " has invalid value ", v));
+                ferry::StrCat(where, ": recipe field ", field, " has invalid value ", v));
   };
   if (c.fp8_format < 0 || c.fp8_format > FERRY_FP8_FORMAT_HYBRID) {
     if (c.kind != FERRY_RECIPE_NONE && c.kind != FERRY_RECIPE_NVFP4_BLOCK_SCALING &&
@@ -171,22 +171,20 @@ int ToRecipe(const ferry_recipe_t& c, ferry::Recipe* out, const char* function,
   }
   if (c.kind == FERRY_RECIPE_CUSTOM && (c.custom_name == nullptr || c.custom_name[0] == '\0')) {
     return Fail(error, FERRY_INVALID_ARGUMENT,
-                ferry::StrCat(function, ": a custom recipe needs custom_name"));
+                ferry::StrCat(where, ": a custom recipe needs custom_name"));
   }
   return RecipeOf(c, out) ? FERRY_OK : bad("kind", c.kind);
 }
 
 int ToScalingState(const char* module, const ferry_recipe_t& recipe,
                    const ferry_direction_state_t* states, size_t num_states,
-                   const std::string& path, const char* function, ferry::ScalingState* out,
-                   ferry_error_t* error) {
+                   const std::string& path, ferry::ScalingState* out, ferry_error_t* error) {
   out->module = module;
-  int rc = ToRecipe(recipe, &out->recipe, function, error);
+  const std::string where = ferry::StrCat(path, ": scaling state ", ferry::Quote(module));
+  int rc = ToRecipe(recipe, &out->recipe, where, error);
   for (size_t i = 0; rc == FERRY_OK && i < num_states; ++i) {
     ferry::DirectionState d;
-    rc = ToDirection(
-        states[i], ferry::StrCat(path, ": scaling state ", ferry::Quote(module), " direction ", i),
-        &d, error);
+    rc = ToDirection(states[i], ferry::StrCat(where, " direction ", i), &d, error);
     out->states.push_back(std::move(d));
   }
   return rc;

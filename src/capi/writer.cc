@@ -253,7 +253,7 @@ int ferry_writer_add_scaling_state(ferry_writer_t* writer, const char* module,
     int rc = CheckSized(recipe, fn, "recipe", error);
     if (rc != FERRY_OK) return rc;
     ferry::ScalingState s;
-    rc = ToScalingState(module, *recipe, states, num_states, writer->writer->path(), fn, &s, error);
+    rc = ToScalingState(module, *recipe, states, num_states, writer->writer->path(), &s, error);
     if (rc != FERRY_OK) return rc;
     return Report(writer->writer->AddScalingState(s), error);
   });
