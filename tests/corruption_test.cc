@@ -21,19 +21,9 @@ namespace ferry {
 namespace {
 
 using testing::RandomBytes;
+using testing::ReadFileBytes;
 using testing::TempDir;
-
-void WriteFileBytes(const std::string& path, const uint8_t* data, size_t size) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-}
-void WriteFileBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  WriteFileBytes(path, bytes.data(), bytes.size());
-}
-std::vector<uint8_t> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
+using testing::WriteFileBytes;
 
 void PutU64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
 uint64_t GetU64(const uint8_t* p) {

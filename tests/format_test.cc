@@ -19,7 +19,9 @@ namespace ferry {
 namespace {
 
 using testing::RandomBytes;
+using testing::ReadFileBytes;
 using testing::TempDir;
+using testing::WriteFileBytes;
 
 // Scratch checkpoints skip fsync: the tests check layout and behaviour, not durability.
 WriterOptions Scratch(uint64_t block_size = uint64_t{4} << 20) {
@@ -35,17 +37,6 @@ std::set<std::string> DirEntries(const std::string& dir) {
     out.insert(e.path().filename().string());
   }
   return out;
-}
-
-std::vector<uint8_t> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteFileBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
 }
 
 std::shared_ptr<Reader> OpenOrDie(const std::string& path, ReaderOptions options = {}) {
@@ -1037,16 +1028,17 @@ TEST(FormatTest, VerifyCatchesFlippedDataByte) {
             std::string::npos)
       << st.message();
 
-  // Without verification the bytes are returned as stored.
-  ASSERT_TRUE(r->ReadInto("layers.0.weight", out.data(), out.size()).ok());
+  // Reads verify by default; opting out returns the bytes as stored.
+  EXPECT_EQ(r->ReadInto("layers.0.weight", out.data(), out.size()).code(), StatusCode::kDataLoss);
+  ASSERT_TRUE(r->ReadInto("layers.0.weight", out.data(), out.size(), {.verify = false}).ok());
   EXPECT_EQ(out[4096 + 1000], data[4096 + 1000] ^ 0x01);
   // Rows that avoid the damaged block verify cleanly; rows touching it do not.
   ASSERT_TRUE(r->ReadRowsInto("layers.0.weight", 0, 1, out.data(), out.size(), {true}).ok());
   ASSERT_TRUE(r->ReadRowsInto("layers.0.weight", 2, 3, out.data(), out.size(), {true}).ok());
   EXPECT_EQ(r->ReadRowsInto("layers.0.weight", 1, 2, out.data(), out.size(), {true}).code(),
             StatusCode::kDataLoss);
-  EXPECT_EQ(r->View("layers.0.weight", {true}).status().code(), StatusCode::kDataLoss);
-  EXPECT_TRUE(r->View("layers.0.weight").ok());
+  EXPECT_EQ(r->View("layers.0.weight").status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(r->View("layers.0.weight", {.verify = false}).ok());
   st = r->Verify("layers.0.weight");
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("block 1"), std::string::npos);

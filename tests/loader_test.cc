@@ -61,6 +61,17 @@ class LoaderTest : public ::testing::Test {
     ASSERT_TRUE(testing::AddTestTensor(w, name, dtype, shape, enc, seed, &expected_).ok());
   }
 
+  // A copy of the checkpoint with byte `at` of tensor `name`'s data flipped.
+  std::string CorruptCopy(const std::string& name, uint64_t at) {
+    auto info = reader_->Find(name);
+    EXPECT_TRUE(info.ok());
+    std::string bad = dir_.File("bad_" + std::to_string(at) + ".ferry");
+    std::vector<uint8_t> bytes = testing::ReadFileBytes(path_);
+    bytes[info->data_offset + at] ^= 0x5a;
+    testing::WriteFileBytes(bad, bytes);
+    return bad;
+  }
+
   TempDir dir_;
   std::string path_;
   std::shared_ptr<Reader> reader_;
@@ -244,6 +255,97 @@ TEST_F(LoaderTest, StreamingCallbackErrors) {
                                               [&](const ReadyTensor& t) { later += 1 + t.index; });
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(later, 1);
+}
+
+// Loads verify unless told not to: one flipped byte of a raw tensor's data fails the load,
+// naming the file, the tensor and the block, whether the block is read whole (hashed as it is
+// copied) or cut by the pieces (checked in the file); a streaming load never hands that
+// tensor over; verify = false returns the bytes as stored.
+TEST_F(LoaderTest, HostLoadVerifiesByDefault) {
+  const std::string bad = CorruptCopy("big", 70000);  // block 1 of 64 KiB blocks
+  auto r = Reader::Open(bad);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(LoaderOptions().verify);
+  for (uint64_t slot : {uint64_t{16} << 10, uint64_t{4} << 20}) {
+    LoaderOptions o;
+    o.slot_bytes = slot;
+    o.staging_bytes = 4 * slot;
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    auto out = (*loader)->LoadToHost(**r, {});
+    ASSERT_FALSE(out.ok()) << slot;
+    EXPECT_EQ(out.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(out.status().message().find(bad + ": tensor 'big': checksum mismatch in block 1"),
+              std::string::npos)
+        << out.status().ToString();
+
+    std::atomic<bool> handed_bad{false};
+    auto streamed = (*loader)->LoadToHostStreaming(**r, {}, [&](const ReadyTensor& t) {
+      if (t.tensor->info.name == "big") handed_bad = true;
+    });
+    EXPECT_EQ(streamed.status().code(), StatusCode::kDataLoss);
+    EXPECT_FALSE(handed_bad.load());
+
+    // Rows that avoid the damaged block load.
+    std::vector<LoadRequest> rows(1);
+    rows[0].name = "big";
+    rows[0].row_end = 20;  // 20 rows of 1554 bytes: inside block 0
+    auto part = (*loader)->LoadToHost(**r, rows);
+    ASSERT_TRUE(part.ok()) << part.status().ToString();
+    EXPECT_EQ(std::memcmp((*part)[0].data, expected_["big"].data(), (*part)[0].nbytes), 0);
+  }
+  LoaderOptions o;
+  o.verify = false;
+  auto loader = Loader::Create(o);
+  auto out = (*loader)->LoadToHost(**r, {});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  for (const LoadedTensor& t : *out) {
+    if (t.info.name != "big") continue;
+    EXPECT_EQ(static_cast<const uint8_t*>(t.data)[70000], expected_["big"][70000] ^ 0x5a);
+  }
+}
+
+// Blocks larger than the hashing step: a whole block is copied and hashed a step at a time,
+// and a flipped byte in any step of it is caught.
+TEST(LoaderVerifyTest, BlocksHashedInStepsWhileCopied) {
+  TempDir dir;
+  const std::string path = dir.File("steps.ferry");
+  const uint64_t block = uint64_t{1} << 20;
+  std::vector<uint8_t> data = RandomBytes(3 * block + 100000, 5);
+  {
+    WriterOptions wo;
+    wo.block_size = block;
+    auto w = Writer::Create(path, wo);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(
+        w->AddTensor("w", DType::kU8, {static_cast<int64_t>(data.size())}, data.data(), data.size())
+            .ok());
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  auto loader = Loader::Create();
+  ASSERT_TRUE(loader.ok());
+  {
+    auto r = Reader::Open(path);
+    ASSERT_TRUE(r.ok());
+    auto out = (*loader)->LoadToHost(**r, {});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(std::memcmp((*out)[0].data, data.data(), data.size()), 0);
+  }
+  const uint64_t offset = Reader::Open(path).value()->Find("w")->data_offset;
+  const std::vector<uint8_t> good = testing::ReadFileBytes(path);
+  for (uint64_t at : {block + 5, block + (600 << 10), 2 * block - 1, 3 * block + 99999}) {
+    std::vector<uint8_t> bytes = good;
+    bytes[offset + at] ^= 1;
+    testing::WriteFileBytes(path, bytes);
+    auto r = Reader::Open(path);
+    ASSERT_TRUE(r.ok());
+    auto out = (*loader)->LoadToHost(**r, {});
+    ASSERT_FALSE(out.ok()) << at;
+    EXPECT_NE(out.status().message().find("tensor 'w': checksum mismatch in block " +
+                                          std::to_string(at / block)),
+              std::string::npos)
+        << out.status().ToString();
+  }
 }
 
 #ifdef FERRY_HAVE_CUDA
@@ -549,34 +651,37 @@ TEST_F(DeviceLoaderTest, LandsOnCurrentDeviceOnly) {
 
 TEST_F(DeviceLoaderTest, CorruptBlockIsDataLossOnDevice) {
   SKIP_WITHOUT_GPU();
-  // Flip one byte of a raw tensor's data in a copy of the file.
-  auto info = reader_->Find("big");
-  ASSERT_TRUE(info.ok());
-  std::string bad = dir_.File("bad.ferry");
-  {
-    FILE* in = std::fopen(path_.c_str(), "rb");
-    FILE* out = std::fopen(bad.c_str(), "wb");
-    std::vector<char> buf(1 << 20);
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), in)) > 0) std::fwrite(buf.data(), 1, n, out);
-    std::fclose(in);
-    std::fseek(out, static_cast<long>(info->data_offset + 70000), SEEK_SET);
-    std::fputc(0x5a ^ expected_["big"][70000], out);
-    std::fclose(out);
-  }
+  const std::string bad = CorruptCopy("big", 70000);
   auto r = Reader::Open(bad);
   ASSERT_TRUE(r.ok());
-  for (HostPath path : {HostPath::kStaging, HostPath::kRegister, HostPath::kRegisterWindows}) {
+  // Verified by default, on every route: one-shot (pread into the ring), repeated (copied
+  // from the mapping), registered mappings, caller buffers; streaming loads never hand the
+  // damaged tensor over.
+  for (HostPath path :
+       {HostPath::kAuto, HostPath::kStaging, HostPath::kRegister, HostPath::kRegisterWindows}) {
     LoaderOptions o;
-    o.verify = true;
     o.host_path = path;
     auto loader = Loader::Create(o);
-    auto out = (*loader)->Load(**r, {});
-    ASSERT_FALSE(out.ok());
-    EXPECT_EQ(out.status().code(), StatusCode::kDataLoss);
-    EXPECT_NE(out.status().message().find("'big'"), std::string::npos) << out.status().ToString();
-    EXPECT_NE(out.status().message().find("block 1"), std::string::npos) << out.status().ToString();
+    for (int pass = 0; pass < 2; ++pass) {
+      auto out = (*loader)->Load(**r, {});
+      ASSERT_FALSE(out.ok());
+      EXPECT_EQ(out.status().code(), StatusCode::kDataLoss);
+      EXPECT_NE(out.status().message().find(bad + ": tensor 'big': checksum mismatch in block 1"),
+                std::string::npos)
+          << out.status().ToString();
+    }
+    bool handed_bad = false;
+    auto streamed = (*loader)->LoadStreaming(**r, {}, [&](const ReadyTensor& t) {
+      if (t.tensor->info.name == "big") handed_bad = true;
+    });
+    EXPECT_EQ(streamed.status().code(), StatusCode::kDataLoss);
+    EXPECT_FALSE(handed_bad);
   }
+  LoaderOptions o;
+  o.verify = false;
+  auto loader = Loader::Create(o);
+  auto out = (*loader)->Load(**r, {});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
 }
 
 #endif  // FERRY_HAVE_CUDA

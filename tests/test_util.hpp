@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -14,6 +16,19 @@
 #include "ferry/ferry.hpp"
 
 namespace ferry::testing {
+
+// A whole file's bytes; and a file replaced by `size` bytes.
+inline std::vector<uint8_t> ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+inline void WriteFileBytes(const std::string& path, const uint8_t* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+}
+inline void WriteFileBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  WriteFileBytes(path, bytes.data(), bytes.size());
+}
 
 // A fresh directory under TMPDIR, removed with its contents at destruction.
 class TempDir {

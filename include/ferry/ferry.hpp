@@ -393,12 +393,16 @@ class FERRY_API Writer {
 
 struct ReaderOptions {
   // Check every tensor's checksums at open (reads the whole file). Off: checksums are
-  // checked when asked (ReadOptions::verify, Reader::Verify).
+  // checked as blocks are read (ReadOptions::verify, LoaderOptions::verify, both on by
+  // default) or when asked (Reader::Verify).
   bool verify_on_open = false;
 };
 
 struct ReadOptions {
-  bool verify = false;  // check block checksums of the bytes read
+  // Check the XXH3 checksum of every block read; a mismatch is DataLoss naming the file, the
+  // tensor and the block. On by default; `verify = false` opts out. A View with verify reads
+  // the tensor once to hash it.
+  bool verify = true;
 };
 
 // A read-only zero-copy view of a raw tensor inside the file mapping. `keepalive` holds a

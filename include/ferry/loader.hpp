@@ -90,9 +90,16 @@ struct LoaderOptions {
   IoMode io = IoMode::kAuto;
   uint64_t register_window_bytes = uint64_t{64} << 20;
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
-  // Check block checksums while loading. Checksums are computed on the host, so a verified
-  // load decodes PLANES tensors on the CPU instead of the GPU.
-  bool verify = false;
+  // Check the XXH3 checksum of every block a load reads; on by default, `verify = false` opts
+  // out. The copy worker hashes each block as it copies it (256 KiB at a time, while the bytes
+  // are in cache), so a verified load reads memory once. A mismatch is DataLoss naming the
+  // file, the tensor and the block, and the load hands out no tensor (see LoadStreaming for
+  // tensors already handed over). Verified loads take the staging ring even where
+  // HostPath::kAuto would DMA from a registered mapping (the DMA reads bytes the CPU never
+  // sees; HostPath::kRegister with verify hashes the mapping in a second pass). Checksums
+  // are computed on the host, so a verified load decodes PLANES tensors on the CPU instead
+  // of the GPU.
+  bool verify = true;
   // Fill staging slots with non-temporal stores. Off by default: measured slower on an H200
   // host (40 vs 52 GB/s at 8 threads, benchmarks/README.md).
   bool streaming_stores = false;

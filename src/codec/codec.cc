@@ -19,17 +19,46 @@
 
 namespace ferry {
 
-uint64_t Checksum64(const void* data, size_t size) { return XXH3_64bits(data, size); }
+#if defined(FERRY_HAVE_AVX2_CHECKSUM)
+namespace avx2 {  // checksum_avx2.cc
+uint64_t Checksum64(const void* data, size_t size);
+void ChecksumUpdate(void* state, const void* data, size_t size);
+}  // namespace avx2
+#endif
 
-StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {
-  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+namespace {
+// AVX2 hashes about twice as fast as the SSE2 baseline (bytes hashed right after they were
+// copied, in cache), and every block a load reads is hashed.
+bool UseAvx2() {
+#if defined(FERRY_HAVE_AVX2_CHECKSUM)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+#else
+  return false;
+#endif
 }
-StreamingChecksum::~StreamingChecksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+}  // namespace
+
+uint64_t Checksum64(const void* data, size_t size) {
+#if defined(FERRY_HAVE_AVX2_CHECKSUM)
+  if (UseAvx2()) return avx2::Checksum64(data, size);
+#endif
+  return XXH3_64bits(data, size);
+}
+
+static_assert(sizeof(XXH3_state_t) <= StreamingChecksum::kStateBytes &&
+              alignof(XXH3_state_t) <= StreamingChecksum::kStateAlign);
+
+StreamingChecksum::StreamingChecksum() { Reset(); }
+void StreamingChecksum::Reset() { XXH3_64bits_reset(reinterpret_cast<XXH3_state_t*>(state_)); }
 void StreamingChecksum::Update(const void* data, size_t size) {
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+#if defined(FERRY_HAVE_AVX2_CHECKSUM)
+  if (UseAvx2()) return avx2::ChecksumUpdate(state_, data, size);
+#endif
+  XXH3_64bits_update(reinterpret_cast<XXH3_state_t*>(state_), data, size);
 }
 uint64_t StreamingChecksum::Digest() const {
-  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+  return XXH3_64bits_digest(reinterpret_cast<const XXH3_state_t*>(state_));
 }
 
 namespace {

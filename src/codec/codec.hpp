@@ -13,16 +13,28 @@ namespace ferry {
 // XXH3-64 with seed 0 (Checkpoint.checksum_algo == XXH3_64).
 uint64_t Checksum64(const void* data, size_t size);
 
+// Bytes copied, then hashed, per step where a copy is checked as it goes: the hash reads
+// what the copy just wrote while it is still in L2 (a 4 MiB block hashed after its copy is
+// read back from L3 or memory).
+inline constexpr size_t kChecksumStep = size_t{256} << 10;
+
 // Incremental XXH3-64, for sources that arrive in pieces.
 class StreamingChecksum {
  public:
   StreamingChecksum();
-  ~StreamingChecksum();
+  StreamingChecksum(const StreamingChecksum&) = delete;
+  StreamingChecksum& operator=(const StreamingChecksum&) = delete;
+  void Reset();  // back to the empty input
   void Update(const void* data, size_t size);
   uint64_t Digest() const;
 
+  // Room for XXH3_state_t (checked where it is defined): held in place, so a hash costs no
+  // allocation.
+  static constexpr size_t kStateBytes = 640;
+  static constexpr size_t kStateAlign = 64;
+
  private:
-  void* state_;
+  alignas(kStateAlign) unsigned char state_[kStateBytes];
 };
 
 // Splits `n` bytes of `itemsize`-byte elements into itemsize planes (byte k of every element,

@@ -326,30 +326,75 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
   return Status::Ok();
 }
 
+Status BlockSource::CopyVerified(size_t i, uint64_t b, const uint8_t* src, uint64_t begin,
+                                 uint64_t len, uint8_t* dst) const {
+  thread_local StreamingChecksum sum;
+  sum.Reset();
+  const uint64_t offset = at(i)->data_offset() + begin;
+  if (src == nullptr) {
+    for (uint64_t at = 0; at < len; at += kChecksumStep) {
+      const uint64_t n = std::min<uint64_t>(kChecksumStep, len - at);
+      FERRY_RETURN_IF_ERROR(ReadStoredRange(i, offset + at, n, dst + at));
+      sum.Update(dst + at, n);
+    }
+  } else if (!Guarded([&] {
+               for (uint64_t at = 0; at < len; at += kChecksumStep) {
+                 const uint64_t n = std::min<uint64_t>(kChecksumStep, len - at);
+                 std::memcpy(dst + at, src + at, n);
+                 sum.Update(dst + at, n);
+               }
+             })) {
+    return Shrank(i, offset);
+  }
+  return CompareSum(i, b, sum.Digest());
+}
+
 Status BlockSource::ReadRaw(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
                             const ReadPath& how) const {
   const uint64_t offset = at(i)->data_offset() + begin;
-  if (how.direct == nullptr && mapping_ == nullptr) {
-    FERRY_RETURN_IF_ERROR(ReadStoredRange(i, offset, len, dst));
-    return how.verify ? VerifyRange(i, begin, len, dst) : Status::Ok();
-  }
-  const uint8_t* src = how.direct == nullptr ? mapping_->data() + offset : nullptr;
+  // The stored bytes in memory (the mapping, or a direct read's buffer), or null: read from
+  // the source.
+  const uint8_t* src = nullptr;
   if (how.direct != nullptr) {
     FERRY_ASSIGN_OR_RETURN(src, how.direct->ReadThrough(offset, len));
+  } else if (mapping_ != nullptr && !how.pread) {
+    src = mapping_->data() + offset;
   }
-  bool read = Guarded([&] {
-    if (how.streaming) {
-      StreamingCopy(dst, src, len);
-    } else {
-      std::memcpy(dst, src, len);
+  // Blocks the range covers whole are checked as they are copied; the ones it cuts where they
+  // are stored. Not after streaming stores: those bypassed the cache, and reading them back is
+  // slow, so those bytes are checked in the file.
+  if (how.verify && has_checksums() && !how.streaming) {
+    const uint64_t bs = at(i)->block_size(), end = begin + len;
+    for (uint64_t b = begin / bs; b * bs < end; ++b) {
+      const uint64_t bb = b * bs, be = bb + BlockRawSize(i, b);
+      const uint64_t lo = std::max(begin, bb), hi = std::min(end, be);
+      const uint8_t* from = src == nullptr ? nullptr : src + (lo - begin);
+      if (lo == bb && hi == be) {
+        FERRY_RETURN_IF_ERROR(CopyVerified(i, b, from, lo, hi - lo, dst + (lo - begin)));
+        continue;
+      }
+      if (from == nullptr) {
+        FERRY_RETURN_IF_ERROR(
+            ReadStoredRange(i, offset + (lo - begin), hi - lo, dst + (lo - begin)));
+      } else if (!Guarded([&] { std::memcpy(dst + (lo - begin), from, hi - lo); })) {
+        return Shrank(i, offset + (lo - begin));
+      }
+      FERRY_RETURN_IF_ERROR(CheckStoredSum(i, b));
     }
-  });
-  if (!read) return Shrank(i, offset);
-  // Checked after the copy, in `dst`: the bytes handed out are the bytes verified, even if
-  // the file is rewritten under the mapping meanwhile. Not after streaming stores: those
-  // bypassed the cache, and reading them back is slow.
-  if (how.verify) return VerifyRange(i, begin, len, how.streaming ? nullptr : dst);
-  return Status::Ok();
+    return Status::Ok();
+  }
+  if (src == nullptr) {
+    FERRY_RETURN_IF_ERROR(ReadStoredRange(i, offset, len, dst));
+  } else if (!Guarded([&] {
+               if (how.streaming) {
+                 StreamingCopy(dst, src, len);
+               } else {
+                 std::memcpy(dst, src, len);
+               }
+             })) {
+    return Shrank(i, offset);
+  }
+  return how.verify ? VerifyRange(i, begin, len, nullptr) : Status::Ok();
 }
 
 Status BlockSource::Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,

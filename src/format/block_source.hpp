@@ -65,13 +65,20 @@ struct StoredBlock {
 
 // How a read reaches the file and what it does with the bytes.
 struct ReadPath {
-  bool verify = false;  // check the checksum of every block read
+  // Check the checksum of every block read. A raw block the read covers whole is hashed as it
+  // is copied, kChecksumStep bytes at a time, in `dst` (what is handed out is what was
+  // checked, and it is read back from L2, not memory); a block the read cuts is checked where
+  // it is stored.
+  bool verify = false;
   // Write raw bytes with non-temporal stores (DMA staging buffers the CPU does not read
   // again); such bytes are verified in the file instead of in `dst`.
   bool streaming = false;
   // Read stored bytes with O_DIRECT through this file instead of the mapping or the source
   // (null: the mapping where there is one, else ByteSource::ReadAt).
   const DirectFile* direct = nullptr;
+  // Read raw bytes from the source (ByteSource::ReadAt: pread for a local file) even where
+  // the file is mapped: a one-shot load then pays no page faults on a mapping used once.
+  bool pread = false;
 };
 
 class BlockSource {
@@ -161,6 +168,11 @@ class BlockSource {
   Status DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo, uint64_t hi,
                      uint8_t* dst, bool verify) const;
   Status ReadRaw(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
+  // Copies raw bytes [begin, begin + len) of tensor i from `src` (their stored bytes; null:
+  // read from the source) into dst, in kChecksumStep steps, and checks the checksum of block
+  // b, which the range covers exactly, over what was copied.
+  Status CopyVerified(size_t i, uint64_t b, const uint8_t* src, uint64_t begin, uint64_t len,
+                      uint8_t* dst) const;
   // Runs fn(), which may read the mapping, guarded against the file shrinking under it
   // (Mapping::Guard); without a mapping there is nothing to fault, and fn() just runs.
   template <typename Fn>

@@ -17,6 +17,12 @@ constexpr int kCopyWorkers = 8;
 // 31-33 (/dev/shm) and 36-39 (page cache); the page lookups of a first pass over the file are
 // CPU work the warm steady state does not have (benchmarks/README.md).
 constexpr int kOneShotCopyWorkers = 12;
+// A verified copy-bound load hashes every block right after copying it, in cache: AVX2 XXH3
+// runs at about twice a worker's copy rate, so each block takes a third more CPU time, and
+// these worker counts keep the copy rate of the unverified ones (tests/device/25_moe.sh
+// measures the alternatives).
+constexpr int kVerifiedCopyWorkers = 12;
+constexpr int kVerifiedOneShotCopyWorkers = 16;
 // Below this resident fraction a load counts as cold and takes direct I/O (IoMode::kAuto).
 constexpr double kColdFraction = 0.5;
 
@@ -138,14 +144,16 @@ Result<LoadPlan> Resolve(const BlockSource& source, const std::vector<LoadReques
   return plan;
 }
 
-int ActiveWorkers(const LoadPlan& plan, int pool_size, bool one_shot) {
+int ActiveWorkers(const LoadPlan& plan, int pool_size, bool one_shot, bool verify) {
   uint64_t total = 0, encoded = 0;
   for (const Resolved& r : plan.res) {
     total += r.len;
     if (r.info.encoding != Encoding::kRaw) encoded += r.len;
   }
-  return encoded * 2 > total ? pool_size
-                             : std::min(pool_size, one_shot ? kOneShotCopyWorkers : kCopyWorkers);
+  if (encoded * 2 > total) return pool_size;
+  const int copy = verify ? (one_shot ? kVerifiedOneShotCopyWorkers : kVerifiedCopyWorkers)
+                          : (one_shot ? kOneShotCopyWorkers : kCopyWorkers);
+  return std::min(pool_size, copy);
 }
 
 DirectFile OpenDirect(const BlockSource& source, const LoadPlan& plan, IoMode io) {

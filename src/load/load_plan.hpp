@@ -37,8 +37,9 @@ Result<LoadPlan> Resolve(const BlockSource& source, const std::vector<LoadReques
 
 // Workers for a load: the whole pool when most bytes need decoding, else at most 8 (more
 // measured slower on an H200 host: the copy is memory bound), or 12 for a one-shot load (the
-// first from a file mapping, whose first pass over the file costs more CPU).
-int ActiveWorkers(const LoadPlan& plan, int pool_size, bool one_shot = false);
+// first from a file mapping, whose first pass over the file costs more CPU); a verified load,
+// which hashes what it copies, 12 and 16.
+int ActiveWorkers(const LoadPlan& plan, int pool_size, bool one_shot = false, bool verify = false);
 
 // An O_DIRECT file when `io` asks for direct reads (kAuto: a cold load larger than half of
 // MemAvailable), else a closed one (the page-cache path).

@@ -50,8 +50,9 @@ void CountPieces(const std::vector<Piece>& pieces, std::vector<uint32_t>* count)
 
 // Workers for a load from `source`: ActiveWorkers, and at least as many as the source wants
 // reads in flight when it is read without a mapping.
-int LoadWorkers(const BlockSource& source, const LoadPlan& plan, int pool_size, bool one_shot) {
-  int active = ActiveWorkers(plan, pool_size, one_shot);
+int LoadWorkers(const BlockSource& source, const LoadPlan& plan, int pool_size, bool one_shot,
+                bool verify) {
+  int active = ActiveWorkers(plan, pool_size, one_shot, verify);
   if (source.mapping() == nullptr) {
     active = std::min(pool_size, std::max(active, source.bytes().preferred_parallel_reads()));
   }
@@ -168,21 +169,17 @@ Status FillSlot(DeviceJob& job, const Batch& b, uint8_t* slot) {
     }
     return Status::Ok();
   }
+  // Each block is checked by the worker that copies it, as it copies it (ReadPath::verify):
+  // pieces never straddle blocks (MakePieces), and a piece no larger than a block holds it
+  // whole unless a row range cuts it.
   ReadPath how;
   how.verify = job.verify;
   how.streaming = job.streaming;
   how.direct = job.direct.is_open() ? &job.direct : nullptr;
+  how.pread = job.pread;
   for (uint32_t i = b.first; i < b.last; ++i) {
     const Piece& p = pieces[i];
     const Resolved& rr = job.plan.res[p.r];
-    if (job.pread && rr.info.encoding == Encoding::kRaw) {
-      FERRY_RETURN_IF_ERROR(job.source.ReadStoredRange(rr.tensor, rr.info.data_offset + p.begin,
-                                                       p.len, slot + p.soff));
-      if (job.verify) {
-        FERRY_RETURN_IF_ERROR(job.source.VerifyRange(rr.tensor, p.begin, p.len, slot + p.soff));
-      }
-      continue;
-    }
     FERRY_RETURN_IF_ERROR(job.source.Read(rr.tensor, p.begin, p.len, slot + p.soff, how));
   }
   return Status::Ok();
@@ -409,9 +406,12 @@ class Loader::Impl {
     if (source.mapping() == nullptr) return route;
     route.cold = cold;
     route.windows = !cold && options.host_path == HostPath::kRegisterWindows;
-    route.from_mapping =
-        !cold && (options.host_path == HostPath::kRegister || route.windows ||
-                  (options.host_path == HostPath::kAuto && registered == source.mapping()));
+    // kAuto takes a registration an earlier load made only for unverified loads: the DMA
+    // reads bytes the CPU never sees, so checking them would take a second pass over the
+    // mapping, where the ring hashes each block while it copies it.
+    route.from_mapping = !cold && (options.host_path == HostPath::kRegister || route.windows ||
+                                   (options.host_path == HostPath::kAuto && !options.verify &&
+                                    registered == source.mapping()));
     if (route.from_mapping && !route.windows) {
       FERRY_RETURN_IF_ERROR(RegisterMapping(source.mapping()));
     }
@@ -506,8 +506,9 @@ class Loader::Impl {
     DeviceJob job{source, plan,          pieces,         route,
                   direct, cstream,       options.verify, options.streaming_stores,
                   pread,  handover.get()};
-    const int active =
-        explicit_threads ? pool->size() : LoadWorkers(source, plan, pool->size(), one_shot);
+    const int active = explicit_threads
+                           ? pool->size()
+                           : LoadWorkers(source, plan, pool->size(), one_shot, options.verify);
 #ifdef FERRY_HAVE_CUDA_KERNELS
     if (nplanes > 0) {
       job.planes = &planes_stage;
@@ -559,8 +560,9 @@ class Loader::Impl {
     how.direct = direct.is_open() ? &direct : nullptr;
     FirstError error;
     std::atomic<uint64_t> next{0};
-    const int active =
-        explicit_threads ? pool->size() : LoadWorkers(source, plan, pool->size(), false);
+    const int active = explicit_threads
+                           ? pool->size()
+                           : LoadWorkers(source, plan, pool->size(), false, options.verify);
     pool->Run([&](int worker) {
       if (worker >= active) return;
       for (;;) {

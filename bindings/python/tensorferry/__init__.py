@@ -579,15 +579,21 @@ class Reader(_Closable):
             index = self._index = dict(zip(self._order, range(len(self._order))))
         return index.get(name)
 
-    def _record(self, i):
-        """(name, dtype code, shape, nbytes, encoding code, data_offset, data_size,
-        packed_offset) of tensor i in name order."""
+    def _column_lists(self):
+        """The table's columns as Python lists (and "dims": every shape entry), made once: the
+        load loops read them per tensor."""
         c = self._columns
-        if c is None:  # Python lists, once: a record is read per tensor in the load loops
+        if c is None:
             c = self._columns = {f: self._table[f].tolist() for f in (
                 "shape_offset", "nbytes", "data_offset", "data_size", "packed_offset", "dtype",
                 "ndim", "encoding")}
             c["dims"] = self._dims.tolist()
+        return c
+
+    def _record(self, i):
+        """(name, dtype code, shape, nbytes, encoding code, data_offset, data_size,
+        packed_offset) of tensor i in name order."""
+        c = self._column_lists()
         at, ndim = c["shape_offset"][i], c["ndim"][i]
         return (self._order[i], c["dtype"][i], tuple(c["dims"][at:at + ndim]),
                 c["nbytes"][i], c["encoding"][i], c["data_offset"][i], c["data_size"][i],
@@ -627,15 +633,16 @@ class Reader(_Closable):
     def verify(self, name=None):
         _lib.call("ferry_reader_verify", self.handle, None if name is None else _name(name))
 
-    def view(self, name, verify=False):
-        """A zero-copy read-only DLPackTensor over the file mapping (raw tensors only)."""
+    def view(self, name, verify=True):
+        """A zero-copy read-only DLPackTensor over the file mapping (raw tensors only). With
+        `verify` (the default) the tensor's blocks are hashed and checked first."""
         info = self.info(name)
         out = ctypes.c_void_p()
         _lib.call("ferry_reader_view", self.handle, _name(name),
                   _lib.READ_VERIFY if verify else 0, ctypes.byref(out))
         return DLPackTensor(out.value, info.dtype)
 
-    def read_into(self, name, ptr, nbytes, rows=None, verify=False):
+    def read_into(self, name, ptr, nbytes, rows=None, verify=True):
         flags = _lib.READ_VERIFY if verify else 0
         if rows is None:
             _lib.call("ferry_reader_read_into", self.handle, _name(name), ctypes.c_void_p(ptr),
@@ -665,7 +672,7 @@ def _numpy_major():
     return int(np.__version__.split(".")[0])
 
 
-def _numpy_copy(reader, name, rows=None, verify=False):
+def _numpy_copy(reader, name, rows=None, verify=True):
     import numpy as np
 
     info = reader.info(name)
@@ -680,38 +687,76 @@ def _numpy_copy(reader, name, rows=None, verify=False):
     return out
 
 
-def _numpy_load_all(reader, verify=False):
+def _packed_load(reader, load, build):
+    """Runs load() (a packed load: one call into the library, which releases the GIL) and
+    build() (the Python objects over its buffer, which need none of its bytes) side by side
+    when there are many tensors, so wrapping thousands of tensors costs no time of its own;
+    returns build()'s result once both are done, or raises load()'s error."""
+    if len(reader._order) < 256:
+        load()
+        return build()
+    failure = []
+
+    def run():
+        try:
+            load()
+        except BaseException as e:  # raised in the caller's thread below
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name="tensorferry-load", daemon=True)
+    thread.start()
+    try:
+        out = build()
+    finally:
+        thread.join()
+    if failure:
+        raise failure[0]
+    return out
+
+
+def _numpy_load_all(reader, verify=True):
     """Every tensor as numpy arrays, through one packed host load (the library's worker
     threads, one allocation, no per-tensor call into the library). The arrays are views of
     that one buffer, writable, each at its own 256-byte-aligned offset."""
     import numpy as np
 
-    n = len(reader._order)
     buf = np.empty(max(1, reader._packed_bytes), np.uint8)
-    if reader._packed_bytes:
-        _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle, reader.handle,
-                  ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
-    rec = reader._table
-    dims = reader._dims.tolist()
-    np_types = {}
-    out = {}
-    fp4 = _dtypes.code("F4_E2M1FN")
-    for name, code, ndim, at, offset, nbytes in zip(
-            reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(),
-            rec["shape_offset"].tolist(), rec["packed_offset"].tolist(), rec["nbytes"].tolist()):
-        shape = tuple(dims[at:at + ndim])
-        dt = np_types.get(code)
-        if dt is None:
-            dt = np_types[code] = _dtypes.to_numpy(_dtypes.name(code))
-        if code == fp4:  # one element per byte in numpy
-            codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
-            out[name] = codes.view(dt).reshape(shape)
-        else:
-            out[name] = np.ndarray(shape, dt, buf, offset)
+
+    def load():
+        if reader._packed_bytes:
+            _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle,
+                      reader.handle, ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
+
+    def build():
+        rec = reader._table
+        dims = reader._dims.tolist()
+        np_types = {}
+        out = {}
+        fp4 = _dtypes.code("F4_E2M1FN")
+        unpack = []
+        for name, code, ndim, at, offset, nbytes in zip(
+                reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(),
+                rec["shape_offset"].tolist(), rec["packed_offset"].tolist(),
+                rec["nbytes"].tolist()):
+            shape = tuple(dims[at:at + ndim])
+            dt = np_types.get(code)
+            if dt is None:
+                dt = np_types[code] = _dtypes.to_numpy(_dtypes.name(code))
+            if code == fp4:  # one element per byte in numpy: unpacked once the bytes are in
+                out[name] = None
+                unpack.append((name, offset, nbytes, shape, dt))
+            else:
+                out[name] = np.ndarray(shape, dt, buf, offset)
+        return out, unpack
+
+    out, unpack = _packed_load(reader, load, build)
+    for name, offset, nbytes, shape, dt in unpack:
+        codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
+        out[name] = codes.view(dt).reshape(shape)
     return out
 
 
-def _numpy_view(reader, name, verify=False):
+def _numpy_view(reader, name, verify=True):
     """Zero-copy view for raw tensors (a private copy-on-write mapping: writable, and writes
     stay in this process); a copy where a view cannot be had."""
     import numpy as np
@@ -766,7 +811,7 @@ def _torch_view(torch, flat, offset, dtype, shape, nbytes):
         return None
 
 
-def _torch_host(reader, name, rows=None, verify=False):
+def _torch_host(reader, name, rows=None, verify=True):
     torch = _torch()
     info = reader.info(name)
     shape, nbytes = reader.region(name, rows)
@@ -789,20 +834,20 @@ _loaders = {}
 _loaders_lock = threading.Lock()
 
 
-def _default_loader(device_index):
-    # One loader per device: a loader's events and staging work for the device it first
-    # loaded to.
+def _default_loader(device_index, verify=True):
+    # One loader per device (a loader's events and staging work for the device it first
+    # loaded to) and per verify setting.
     with _loaders_lock:
-        loader = _loaders.get(device_index)
+        loader = _loaders.get((device_index, verify))
         if loader is None:
-            loader = _loaders[device_index] = Loader()
+            loader = _loaders[(device_index, verify)] = Loader(verify=verify)
         return loader
 
 
 _host_loaders = {}
 
 
-def _host_loader(verify):
+def _host_loader(verify=True):
     """A loader kept for host loads (its worker threads live on), one per verify setting."""
     with _loaders_lock:
         loader = _host_loaders.get(verify)
@@ -823,14 +868,12 @@ def _free_loaders():
 
 
 def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loader=None,
-                     verify=False):
+                     verify=True):
     """Loads [(name, rows or None)] into new torch tensors on `device` (see _cuda_index),
-    copied on `stream` (default: that device's current torch stream)."""
+    copied on `stream` (default: that device's current torch stream); `loader`, when given,
+    decides verification."""
     torch = _torch()
     index = _cuda_index(torch, device)
-    if verify:  # checksums on the host first: the shared default loader does not verify
-        for name in dict.fromkeys(n for n, _ in items):
-            reader.verify(name)
     with torch.cuda.device(index):
         if stream is None:
             stream = torch.cuda.current_stream(index)
@@ -861,47 +904,111 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
                 if nbytes:
                     targets.append((name, rows, t, nbytes))
             if targets:
-                (loader or _default_loader(index)).load_into(
+                (loader or _default_loader(index, verify)).load_into(
                     reader, targets, stream=stream.cuda_stream, non_blocking=non_blocking)
     return outs
 
 
-def _torch_cuda_load_all(reader, device, verify=False):
+def _torch_packed_views(torch, reader, flat):
+    """{name: tensor} over `flat` (a uint8 tensor of the reader's packed_bytes rounded up to
+    FERRY_PACKED_ALIGNMENT, so that it has a view of every element size), each tensor at
+    its packed offset with the dtype and shape _torch_empty would give it; and the
+    (name, offset, nbytes) of tensors no view can give, which need a copy of their bytes."""
+    out = {}
+    copies = []
+    typed = {}  # dtype code -> (flat as that torch dtype, element size), or None
+    strides = {}
+    fp4 = _dtypes.code("F4_E2M1FN")
+    c = reader._column_lists()
+    dims = c["dims"]
+    for i, name in enumerate(reader._order):
+        code, at, ndim = c["dtype"][i], c["shape_offset"][i], c["ndim"][i]
+        offset, nbytes = c["packed_offset"][i], c["nbytes"][i]
+        shape = tuple(dims[at:at + ndim])
+        tv = typed.get(code, False)
+        if tv is False:
+            tdt = _dtypes.to_torch(_dtypes.name(code))
+            tv = None
+            if tdt is not None and code != fp4:
+                v = flat.view(tdt)
+                tv = (v, v.element_size())
+            typed[code] = tv
+        if tv is not None:
+            # One call per tensor: the typed buffer with the tensor's shape, contiguous
+            # strides and offset (packed offsets are 256-byte aligned).
+            st = strides.get(shape)
+            if st is None:
+                acc, st = 1, []
+                for d in reversed(shape):
+                    st.append(acc)
+                    acc *= d
+                st = strides[shape] = tuple(reversed(st))
+            out[name] = tv[0].as_strided(shape, st, offset // tv[1])
+            continue
+        t = _torch_view(torch, flat, offset, _dtypes.name(code), shape, nbytes)
+        if t is None:  # no view of that dtype and shape: a copy of the bytes
+            copies.append((name, offset, nbytes))
+        out[name] = t
+    return out, copies
+
+
+def _torch_copy_out(torch, reader, flat, out, copies, dev):
+    """Tensors of `copies` (see _torch_packed_views) as copies of their bytes in `flat`."""
+    for name, offset, nbytes in copies:
+        info = reader.info(name)
+        t = _torch_empty(torch, info.dtype, info.shape, nbytes, dev)
+        if nbytes:
+            t.view(-1).view(torch.uint8).copy_(flat.narrow(0, offset, nbytes))
+        out[name] = t
+
+
+def _torch_cuda_load_all(reader, device, verify=True):
     """Every tensor onto `device` (see _cuda_index) through one packed load: one torch
-    allocation, one library call, then a view per tensor. Copies run on the device's current
-    torch stream; returns once they are complete."""
+    allocation, one library call, then a view per tensor (built while the load runs). Copies
+    run on the device's current torch stream; returns once they are complete."""
     torch = _torch()
     index = _cuda_index(torch, device)
-    if verify:  # checksums on the host first: the shared default loader does not verify
-        reader.verify()
     nbytes_all = reader._packed_bytes
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(index)
         with torch.cuda.stream(stream):
             dev = torch.device("cuda", index)
-            flat = torch.empty(max(1, nbytes_all), dtype=torch.uint8, device=dev)
-            if nbytes_all:
-                _lib.call("ferry_loader_load_packed", _default_loader(index)._handle,
-                          reader.handle, ctypes.c_void_p(flat.data_ptr()), nbytes_all,
-                          ctypes.c_void_p(stream.cuda_stream))
-            out = {}
-            copied = False
-            for i in range(len(reader._order)):
-                name, code, shape, nbytes, _, _, _, offset = reader._record(i)
-                dtype = _dtypes.name(code)
-                t = _torch_view(torch, flat, offset, dtype, shape, nbytes)
-                if t is None:  # no view of that dtype and shape: a copy of the bytes
-                    t = _torch_empty(torch, dtype, shape, nbytes, dev)
-                    if nbytes:
-                        t.view(-1).view(torch.uint8).copy_(flat.narrow(0, offset, nbytes))
-                        copied = True
-                out[name] = t
-            if copied:
+            flat = torch.empty(_lib.packed_size(max(1, nbytes_all)), dtype=torch.uint8,
+                               device=dev)
+            loader = _default_loader(index, verify)
+
+            def load():
+                if nbytes_all:
+                    with torch.cuda.device(index):  # the loader targets this thread's device
+                        _lib.call("ferry_loader_load_packed", loader._handle, reader.handle,
+                                  ctypes.c_void_p(flat.data_ptr()), nbytes_all,
+                                  ctypes.c_void_p(stream.cuda_stream))
+
+            out, copies = _packed_load(reader, load,
+                                       lambda: _torch_packed_views(torch, reader, flat))
+            _torch_copy_out(torch, reader, flat, out, copies, dev)
+            if copies:
                 stream.synchronize()
     return out
 
 
-def load_iter(path, device="cuda", verify=False):
+def _torch_host_load_all(reader, verify=True):
+    """Every tensor as CPU torch tensors through one packed host load (as _numpy_load_all)."""
+    torch = _torch()
+    nbytes_all = reader._packed_bytes
+    flat = torch.empty(_lib.packed_size(max(1, nbytes_all)), dtype=torch.uint8)
+
+    def load():
+        if nbytes_all:
+            _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle,
+                      reader.handle, ctypes.c_void_p(flat.data_ptr()), nbytes_all)
+
+    out, copies = _packed_load(reader, load, lambda: _torch_packed_views(torch, reader, flat))
+    _torch_copy_out(torch, reader, flat, out, copies, "cpu")
+    return out
+
+
+def load_iter(path, device="cuda", verify=True):
     """Yields (name, torch tensor) for every tensor of a checkpoint as soon as its copy onto
     `device` is complete, while the rest still loads, so a framework can build modules as
     their weights land. Tensors come in the order their copies finish (file order, give or
@@ -911,7 +1018,10 @@ def load_iter(path, device="cuda", verify=False):
     device's current torch stream, into one allocation shared by all tensors (as load_file).
     A yielded tensor is complete: any stream may read it. Leaving the loop early waits for
     the load to finish before the generator closes. Errors are raised at the point of
-    iteration where they happen, after the tensors handed over before them."""
+    iteration where they happen, after the tensors handed over before them. With `verify`
+    (the default) every block is checked before its copy is enqueued, so a yielded tensor is
+    one whose bytes matched their checksums; a mismatch in a later tensor is raised there.
+    ``verify=False`` opts out."""
     import queue
 
     torch = _torch()
@@ -919,8 +1029,6 @@ def load_iter(path, device="cuda", verify=False):
     reader = Reader(path)
     thread = None
     try:
-        if verify:
-            reader.verify()
         nbytes_all = reader._packed_bytes
         with torch.cuda.device(index):
             stream = torch.cuda.current_stream(index)
@@ -931,7 +1039,7 @@ def load_iter(path, device="cuda", verify=False):
         failure = []
         # Called on the loader's hand-over thread; only queues the index.
         callback = _lib.READY_FN(lambda user, i, tensor, event: ready.put(i))
-        loader = _default_loader(index)
+        loader = _default_loader(index, verify)
 
         def run():
             try:
@@ -980,13 +1088,14 @@ class Loader(_Closable):
     default. ``io``: "auto" (page cache when the file is resident, else O_DIRECT), "page_cache"
     or "direct". ``host_path``: "auto", "staging", "register" or "register_windows".
     ``pinned_alloc``: "host_register" or "host_alloc". ``chunk_bytes`` is the former name of
-    ``slot_bytes``."""
+    ``slot_bytes``. ``verify`` (default True) checks every block's checksum as it is copied;
+    ``verify=False`` opts out."""
 
     _IO = {"auto": 0, "page_cache": 1, "direct": 2}
     _HOST_PATH = {"auto": 0, "staging": 1, "register": 2, "register_windows": 3}
     _PINNED = {"host_register": 0, "host_alloc": 1}
 
-    def __init__(self, staging_bytes=None, slot_bytes=None, threads=0, verify=False, io="auto",
+    def __init__(self, staging_bytes=None, slot_bytes=None, threads=0, verify=True, io="auto",
                  host_path="auto", pinned_alloc="host_register", register_window_bytes=None,
                  streaming_stores=False, *, chunk_bytes=None):
         L = _lib.lib()
@@ -1097,7 +1206,7 @@ def _resolve(framework, device):
     return framework, ("cpu" if is_cpu else device)
 
 
-def load_file(path, device=None, framework=None, verify=False):
+def load_file(path, device=None, framework=None, verify=True):
     """Loads every tensor of a checkpoint into a dict.
 
     device None or "cpu": numpy arrays (writable copies, views of one buffer the library
@@ -1106,14 +1215,20 @@ def load_file(path, device=None, framework=None, verify=False):
     tensors on that device, copied on its current torch stream (the call returns once they
     are complete). FP6 tensors come to torch as uint8; FP4 as float4_e2m1fn_x2 (uint8 bytes
     when the last dimension is odd).
+
+    verify (default True): every block's XXH3 checksum is checked as it is copied; a mismatch
+    raises DataLossError naming the file, the tensor and the block, and nothing is returned.
+    ``verify=False`` opts out.
+
+    The tensors are views of one allocation per call: its memory goes back when the last of
+    them is dropped.
     """
     framework, device = _resolve(framework, device)
     with Reader(path) as r:
-        names = r.keys()
         if framework == "np":
             return _numpy_load_all(r, verify=verify)
         if device == "cpu":
-            return {n: _torch_host(r, n, verify=verify) for n in names}
+            return _torch_host_load_all(r, verify=verify)
         return _torch_cuda_load_all(r, device, verify=verify)
 
 
@@ -1146,10 +1261,13 @@ class safe_open:
     - numpy views of raw tensors are not copies but private copy-on-write mappings: writable,
       and a write changes only that array (never the file, nor another view);
     - negative slice bounds count from the end, as in Python (safetensors rejects them);
-    - metadata() cannot tell an empty dict from none: both give None.
+    - metadata() cannot tell an empty dict from none: both give None;
+    - ``verify`` (default True) checks the checksum of every block a get_tensor or get_slice
+      reads (a numpy view of a raw tensor hashes its bytes in the file once); a mismatch
+      raises DataLossError naming the tensor and the block. ``verify=False`` opts out.
     """
 
-    def __init__(self, filename, framework="np", device="cpu", verify=False):
+    def __init__(self, filename, framework="np", device="cpu", verify=True):
         self._framework, self._device = _resolve(framework, device)
         self._verify = verify
         self._reader = Reader(filename)
@@ -1187,8 +1305,9 @@ class safe_open:
             if rows is None:
                 return _numpy_view(r, name, self._verify)
             info = r.info(name)
-            if info.encoding == "raw" and info.dtype != "F4_E2M1FN" and not self._verify:
-                return _numpy_view(r, name)[rows[0]:rows[1]]
+            if info.encoding == "raw" and info.dtype != "F4_E2M1FN":
+                # Zero-copy rows of the tensor's view (verified whole, where verifying).
+                return _numpy_view(r, name, self._verify)[rows[0]:rows[1]]
             return _numpy_copy(r, name, rows, self._verify)
         if self._device == "cpu":
             return _torch_host(r, name, rows, self._verify)

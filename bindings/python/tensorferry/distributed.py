@@ -232,7 +232,7 @@ class _Plan(_tf._Closable):
 
 
 def load_file(path, process_group=None, device="cuda", *, names=None, local=None, rounds=4,
-              check_plan=True):
+              check_plan=True, verify=True):
     """Loads a checkpoint onto every rank of `process_group` (default: the default group).
 
     path: a .ferry (or .safetensors) file, or a sharded index (*.index.json).
@@ -241,6 +241,8 @@ def load_file(path, process_group=None, device="cuda", *, names=None, local=None
     names: the tensors every rank receives (default: all); the same on every rank.
     local: {name: (row_begin, row_end) or None} read by this rank alone (its tensor-parallel
     slice, or a whole tensor); no communication. Returned under the same names.
+    verify (default True): every block a rank reads is checked against its checksum before
+    it is copied (and broadcast); ``verify=False`` opts out.
     Returns {name: torch.Tensor}.
     """
     import torch
@@ -259,7 +261,7 @@ def load_file(path, process_group=None, device="cuda", *, names=None, local=None
         with _Plan(ck, names, local, rank, world, rounds, check_plan, collective) as plan, \
                 torch.cuda.stream(stream):
             out, buffers = _destinations(torch, ck, plan, dev)
-            loader = _tf._default_loader(index)
+            loader = _tf._default_loader(index, verify)
             failure = None
             works = []
             for k in range(plan.rounds):

@@ -30,9 +30,10 @@ def save(tensor_dict, metadata=None, **options):
     return _tf._save_bytes(tensor_dict, metadata, **options)
 
 
-def load_file(filename):
-    """Every tensor of `filename` as a new writable numpy array."""
-    return _tf.load_file(filename, device="cpu", framework="np")
+def load_file(filename, verify=True):
+    """Every tensor of `filename` as a new writable numpy array. `verify` (default True) checks
+    every block's checksum as it loads; ``verify=False`` opts out."""
+    return _tf.load_file(filename, device="cpu", framework="np", verify=verify)
 
 
 def load(data):

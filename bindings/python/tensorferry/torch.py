@@ -94,11 +94,13 @@ def _tensors(state_dict, extra_state):
     return tensors
 
 
-def load_state_dict(path, *, device=None, module=None, strict=True):
+def load_state_dict(path, *, device=None, module=None, strict=True, verify=True):
     """Loads every tensor onto `device` (default: the current CUDA device if there is one,
     else CPU), on that device's current torch stream. With `module`, also calls
-    module.load_state_dict(state, strict=strict). Returns the state dict."""
-    state = _tf.load_file(path, device=_default_device(device), framework="pt")
+    module.load_state_dict(state, strict=strict). Returns the state dict. `verify` (default
+    True) checks every block's checksum as it loads (tensorferry.load_file);
+    ``verify=False`` opts out."""
+    state = _tf.load_file(path, device=_default_device(device), framework="pt", verify=verify)
     if module is not None:
         module.load_state_dict(state, strict=strict)
     return state
@@ -183,10 +185,11 @@ def save(tensors, metadata=None, **options):
     return _tf._save_bytes(tensors, metadata, **options)
 
 
-def load_file(filename, device="cpu"):
+def load_file(filename, device="cpu", verify=True):
     """Every tensor of `filename` as a torch tensor on `device`: "cpu", "cuda" (the current
-    device), "cuda:N", an int N or a torch.device."""
-    return _tf.load_file(filename, device=device, framework="pt")
+    device), "cuda:N", an int N or a torch.device. `verify` (default True) checks every
+    block's checksum as it loads; ``verify=False`` opts out."""
+    return _tf.load_file(filename, device=device, framework="pt", verify=verify)
 
 
 def load(data):
@@ -242,7 +245,7 @@ def _direct_target(tensor, info):
             and tensor.device.type in ("cpu", "cuda"))
 
 
-def load_model(model, filename, strict=True, device=None):
+def load_model(model, filename, strict=True, device=None, verify=True):
     """Loads `filename` into `model`'s own tensors and returns (missing, unexpected): names
     of the model the file lacks, and names in the file the model does not use.
 
@@ -251,7 +254,8 @@ def load_model(model, filename, strict=True, device=None):
     touched); tensors whose dtype, shape or layout differ go through
     ``model.load_state_dict`` and get its conversions and size checks. With `strict`, missing
     or unexpected names raise RuntimeError (the message safetensors gives) after the load.
-    `device` is accepted for safetensors compatibility and not used.
+    `device` is accepted for safetensors compatibility and not used. `verify` (default
+    True) checks every block's checksum as it loads; ``verify=False`` opts out.
     """
     state = model.state_dict()
     with _tf.Reader(filename) as reader:
@@ -266,13 +270,14 @@ def load_model(model, filename, strict=True, device=None):
             if _direct_target(target, reader.info(name)):
                 direct.setdefault(target.device, []).append((name, target))
             else:
-                other[name] = _tf._torch_host(reader, name)
+                other[name] = _tf._torch_host(reader, name, verify=verify)
         with _torch.no_grad():
             for dev, items in direct.items():
                 if dev.type == "cpu":
                     for name, t in items:
                         if t.numel():
-                            reader.read_into(name, t.data_ptr(), reader.region(name)[1])
+                            reader.read_into(name, t.data_ptr(), reader.region(name)[1],
+                                             verify=verify)
                     continue
                 index = dev.index if dev.index is not None else _torch.cuda.current_device()
                 targets = [(name, None, t, reader.region(name)[1]) for name, t in items
@@ -280,7 +285,7 @@ def load_model(model, filename, strict=True, device=None):
                 if targets:
                     with _torch.cuda.device(index):
                         stream = _torch.cuda.current_stream(index)
-                        _tf._default_loader(index).load_into(reader, targets,
+                        _tf._default_loader(index, verify).load_into(reader, targets,
                                                              stream=stream.cuda_stream)
     if other:
         model.load_state_dict(other, strict=False)
