@@ -1188,6 +1188,78 @@ static void test_dist_plan(const char* ckpt) {
   reset_group();
 }
 
+/* Loads verify by default: a copy of the checkpoint with one byte of tensor "matrix"'s data
+ * flipped fails a default load (and a packed one) with FERRY_DATA_LOSS naming the tensor and
+ * the block; verify = 0 opts out. */
+static void test_corrupt_load(const char* path) {
+  char bad[600];
+  ferry_reader_t* r = NULL;
+  ferry_loader_t* l = NULL;
+  ferry_loader_options_t lopts;
+  ferry_tensor_info_t info;
+  ferry_tensor_table_t table;
+  ferry_error_t err;
+  DLManagedTensorVersioned* all[5];
+  FILE* in;
+  FILE* out;
+  char buf[4096];
+  size_t n, i;
+  void* packed = NULL;
+
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  if (r == NULL) return;
+  info.struct_size = sizeof(info);
+  CHECK_OK(ferry_reader_find_tensor(r, "matrix", &info, &err));
+  ferry_reader_free(r);
+  r = NULL;
+  path_of(bad, sizeof(bad), "c_api_test_bad.ferry");
+  in = fopen(path, "rb");
+  out = fopen(bad, "wb");
+  CHECK(in != NULL && out != NULL);
+  if (in == NULL || out == NULL) {
+    if (in) fclose(in);
+    if (out) fclose(out);
+    return;
+  }
+  while ((n = fread(buf, 1, sizeof(buf), in)) > 0) fwrite(buf, 1, n, out);
+  fclose(in);
+  fseek(out, (long)info.data_offset + 5, SEEK_SET);
+  fputc(((const uint8_t*)g_matrix)[5] ^ 0x40, out);
+  fclose(out);
+
+  ferry_loader_options_init(&lopts);
+  CHECK(lopts.verify == 1);
+  CHECK_OK(ferry_reader_open(bad, NULL, &r, &err));
+  CHECK_OK(ferry_loader_create(NULL, &l, &err));
+  if (r != NULL && l != NULL) {
+    memset(all, 0, sizeof(all));
+    CHECK(ferry_loader_load_to_host(l, r, NULL, 0, all, &err) == FERRY_DATA_LOSS);
+    CHECK(err.code == FERRY_DATA_LOSS);
+    CHECK(contains(err.message, "tensor 'matrix': checksum mismatch in block 0"));
+    for (i = 0; i < 5; ++i) CHECK(all[i] == NULL); /* nothing handed out */
+    table.struct_size = sizeof(table);
+    CHECK_OK(ferry_reader_tensor_table(r, &table, &err));
+    packed = malloc(table.packed_bytes);
+    CHECK(packed != NULL);
+    if (packed != NULL) {
+      CHECK(ferry_loader_load_to_host_packed(l, r, packed, table.packed_bytes, &err) ==
+            FERRY_DATA_LOSS);
+      CHECK(contains(err.message, "tensor 'matrix'"));
+    }
+    ferry_loader_free(l);
+    l = NULL;
+    lopts.verify = 0;
+    CHECK_OK(ferry_loader_create(&lopts, &l, &err));
+    if (l != NULL && packed != NULL) {
+      CHECK_OK(ferry_loader_load_to_host_packed(l, r, packed, table.packed_bytes, &err));
+    }
+  }
+  free(packed);
+  ferry_loader_free(l);
+  ferry_reader_free(r);
+  remove(bad);
+}
+
 int main(int argc, char** argv) {
   char path[600];
   if (argc < 2) {
@@ -1203,6 +1275,7 @@ int main(int argc, char** argv) {
   if (write_checkpoint(path) == FERRY_OK) {
     test_read(path);
     test_loader_host(path);
+    test_corrupt_load(path);
     test_tensor_table(path);
     test_streaming_host(path);
     test_errors(path);

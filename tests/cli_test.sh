@@ -154,9 +154,17 @@ run verify-corrupt 1 "$FERRY" verify "$WORK/c.ferry" && has "FAILED" &&
 run verify-corrupt-json 1 "$FERRY" verify --json "$WORK/c.ferry" && has '"ok": false' &&
   has '"tensor": "model.bf16"'
 run convert-corrupt 1 "$FERRY" convert "$WORK/c.ferry" "$WORK/c.safetensors" &&
-  has "checksum mismatch"
+  has "tensor 'model.bf16': checksum mismatch in block 0"
 check no-output-on-failure
 [ ! -e "$WORK/c.safetensors" ] || fail "a failed convert left $WORK/c.safetensors"
+run convert-corrupt-to-ferry 1 "$FERRY" convert "$WORK/c.ferry" "$WORK/c2.ferry" &&
+  has "tensor 'model.bf16': checksum mismatch in block 0"
+run convert-corrupt-no-verify 0 "$FERRY" convert "$WORK/c.ferry" "$WORK/c.safetensors" --no-verify
+# bench loads verify by default (onto the GPU, or into host memory without one).
+run bench-corrupt 1 "$FERRY" bench "$WORK/c.ferry" --repeat 1 &&
+  has "tensor 'model.bf16': checksum mismatch in block 0"
+run bench-corrupt-no-verify 0 "$FERRY" bench "$WORK/c.ferry" --repeat 1 --no-verify &&
+  has "not verifying"
 
 # ---- malformed safetensors headers -------------------------------------------------------------
 printf '\x00\x00\x00\x00\x00\x01\x00\x00{' >"$WORK/huge.safetensors"

@@ -539,7 +539,8 @@ int RunBench(const BenchOptions& options) {
       options.threads > 0 ? std::to_string(options.threads) : std::string("auto");
   std::printf("loader      threads %s, slot %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
               threads_desc.c_str(), options.slot_mib, options.staging_mib, options.path.c_str(),
-              options.io.c_str(), options.verify ? ", verifying checksums" : "",
+              options.io.c_str(),
+              options.verify ? ", verifying checksums" : ", not verifying (--no-verify)",
               options.prealloc ? "into preallocated buffers" : "the loader allocates");
   std::fflush(stdout);
 

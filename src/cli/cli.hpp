@@ -38,6 +38,7 @@ struct ConvertOptions {
   int level = WriterOptions().zstd_level;  // the library default (1)
   std::string block_size = "4MiB";
   int threads = 0;
+  bool verify = true;  // check the input's checksums on the way through (--no-verify: off)
 };
 
 struct BenchOptions {
@@ -52,7 +53,7 @@ struct BenchOptions {
   std::string io = "auto";
   int repeat = 5;
   int device = -1;
-  bool verify = false;
+  bool verify = true;  // --no-verify: loads without checking checksums
   bool prealloc = false;
   std::string encoding = "raw";  // of the --generate checkpoint
 };

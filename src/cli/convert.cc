@@ -8,18 +8,23 @@
 #include <map>
 #include <set>
 
-#include "format/block_source.hpp"
-#include "cli.hpp"
-#include "fp8_json.hpp"
-#include "format/safetensors.hpp"
 #include "base/util.hpp"
+#include "cli.hpp"
+#include "format/block_source.hpp"
+#include "format/safetensors.hpp"
+#include "fp8_json.hpp"
 
 namespace ferry::cli {
 
 namespace {
 
-// Checksums of a source are checked on the way through (where it has them).
-constexpr ReadPath kVerified{/*verify=*/true, /*streaming=*/false, /*direct=*/nullptr};
+// How a source's bytes are read: its checksums checked on the way through (where it has
+// them) unless --no-verify.
+ReadPath SourceReads(const ConvertOptions& options) {
+  ReadPath how;
+  how.verify = options.verify;
+  return how;
+}
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -168,7 +173,7 @@ Status Interrupted(const std::string& out) {
 }
 
 Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& items,
-               const std::string& out, WriterOptions wo, Progress* progress) {
+               const std::string& out, WriterOptions wo, const ReadPath& how, Progress* progress) {
   // Reads run ahead of compression by up to a staging pool's worth, so progress and
   // interruption follow the blocks written, not the bytes read.
   uint64_t reported = 0;
@@ -186,7 +191,7 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
     // corrupt input never becomes a new file with fresh, matching checksums.
     FillFn fill = [&](uint64_t offset, void* dst, size_t size) -> Status {
       FERRY_RETURN_IF_ERROR(Interrupted(out));
-      return blocks.Read(it.tensor, offset, size, static_cast<uint8_t*>(dst), kVerified);
+      return blocks.Read(it.tensor, offset, size, static_cast<uint8_t*>(dst), how);
     };
     FERRY_RETURN_IF_ERROR(
         writer.AddTensorFrom(info.name, info.dtype, info.shape, fill, wo.encoding));
@@ -230,7 +235,7 @@ Status ToFerry(const std::vector<Source>& sources, const std::vector<Item>& item
 }
 
 Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>& items,
-                     const std::string& out, Progress* progress) {
+                     const std::string& out, const ReadPath& how, Progress* progress) {
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, Item> by_name;
   for (const Item& it : items) {
@@ -265,7 +270,7 @@ Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>
     for (uint64_t off = 0; off < nbytes; off += kPiece) {
       FERRY_RETURN_IF_ERROR(Interrupted(out));
       uint64_t len = std::min(kPiece, nbytes - off);
-      FERRY_RETURN_IF_ERROR(blocks.Read(it.tensor, off, len, buf.data(), kVerified));
+      FERRY_RETURN_IF_ERROR(blocks.Read(it.tensor, off, len, buf.data(), how));
       FERRY_RETURN_IF_ERROR(writer.Write(buf.data(), len));
       progress->Add(len);
     }
@@ -326,8 +331,9 @@ int RunConvert(const ConvertOptions& options) {
 
   CatchInterrupts();
   Progress progress("converting", raw_total);
-  Status st = to_safetensors ? ToSafetensors(*sources, *items, options.out, &progress)
-                             : ToFerry(*sources, *items, options.out, wo, &progress);
+  const ReadPath how = SourceReads(options);
+  Status st = to_safetensors ? ToSafetensors(*sources, *items, options.out, how, &progress)
+                             : ToFerry(*sources, *items, options.out, wo, how, &progress);
   progress.Finish();
   if (!st.ok()) {
     Fail(st);

@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   convert_cmd->add_option("--threads", convert.threads, "compression threads (0: automatic)")
       ->check(CLI::Range(0, 1024));
+  convert_cmd->add_flag("!--no-verify", convert.verify,
+                        "copy the input without checking its checksums (checked by default)");
 
   BenchOptions bench;
   CLI::App* bench_cmd = app.add_subcommand(
@@ -92,7 +94,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   bench_cmd->add_option("--device", bench.device,
                         "CUDA device to make current first (default: the current one)");
-  bench_cmd->add_flag("--verify", bench.verify, "check checksums while loading");
+  bench_cmd->add_flag("--verify,!--no-verify", bench.verify,
+                      "check checksums while loading (the default), or not");
   bench_cmd->add_option("--encoding", bench.encoding, "encoding of the --generate checkpoint")
       ->capture_default_str()
       ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "planes"}));

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tensorferry as tf
+import tensorferry.numpy  # noqa: F401  (tf.numpy)
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -369,3 +370,53 @@ def test_library_and_version():
     assert tf.version().count(".") == 2
     assert os.path.exists(tf.library_path())
     assert isinstance(tf.cuda_available(), bool)
+
+
+def _corrupt(path, name, at):
+    """Flips byte `at` of tensor `name`'s stored data (not the footer) in place."""
+    with tf.Reader(path) as r:
+        offset = r.info(name).data_offset
+    with open(path, "r+b") as f:
+        f.seek(offset + at)
+        b = f.read(1)
+        f.seek(offset + at)
+        f.write(bytes([b[0] ^ 0x20]))
+
+
+def test_loads_verify_by_default(path):
+    w = np.arange(4096 * 3, dtype=np.float32).reshape(3, 4096)
+    tf.save_file({"w": w, "other": np.ones(7, np.int16)}, path)
+    _corrupt(path, "w", 4 * 4096 + 17)
+    with pytest.raises(tf.DataLossError, match=r"tensor 'w': checksum mismatch in block 0"):
+        tf.load_file(path)
+    with pytest.raises(tf.DataLossError, match=r"tensor 'w'"):
+        tf.numpy.load_file(path)
+    with pytest.raises(tf.DataLossError, match=r"tensor 'w'"):
+        tf.Loader().load_to_host(tf.Reader(path))
+    with tf.safe_open(path, "np") as f:
+        assert_same(f.get_tensor("other"), np.ones(7, np.int16))
+        with pytest.raises(tf.DataLossError, match=r"tensor 'w'"):
+            f.get_tensor("w")
+        with pytest.raises(tf.DataLossError, match=r"tensor 'w'"):
+            f.get_slice("w")[0:1]
+    # Opting out returns the bytes as stored.
+    got = tf.load_file(path, verify=False)["w"]
+    assert not np.array_equal(got, w)
+    assert np.array_equal(got.reshape(-1)[:4096], w.reshape(-1)[:4096])
+    with tf.safe_open(path, "np", verify=False) as f:
+        assert not np.array_equal(f.get_tensor("w"), w)
+
+
+def test_many_tensor_load_is_exact(path):
+    # Enough tensors that the views are built while the load runs (beside the library call).
+    arrays = {"t.%04d" % i: sample(np.float32, (i % 5 + 1, 3), seed=i) for i in range(600)}
+    arrays["bf"] = sample(ml_dtypes.bfloat16, (33, 7))
+    arrays["fp4"] = sample(ml_dtypes.float4_e2m1fn, (3, 5))
+    tf.save_file(arrays, path)
+    got = tf.load_file(path)
+    assert got.keys() == arrays.keys()
+    for k, v in arrays.items():
+        assert_same(got[k], v)
+    _corrupt(path, "t.0599", 3)
+    with pytest.raises(tf.DataLossError, match=r"tensor 't.0599'"):
+        tf.load_file(path)

@@ -238,3 +238,65 @@ def test_load_iter_errors_and_early_exit(path, tmp_path):
     it.close()  # waits for the load, frees the reader
     with pytest.raises(tf.NotFoundError):
         next(tf.load_iter(str(tmp_path / "missing.ferry"), device="cuda"))
+
+
+def _corrupt(path, name, at):
+    """Flips byte `at` of tensor `name`'s stored data (not the footer) in place."""
+    with tf.Reader(path) as r:
+        offset = r.info(name).data_offset
+    with open(path, "r+b") as f:
+        f.seek(offset + at)
+        b = f.read(1)
+        f.seek(offset + at)
+        f.write(bytes([b[0] ^ 0x20]))
+
+
+def _many(n=600):
+    return {"t.%04d" % i: make(DTYPES[i % len(DTYPES)], (i % 5 + 1, 3)) for i in range(n)}
+
+
+def test_many_tensors_cpu_views_exact(path):
+    tensors = _many()
+    tft.save_file(tensors, path)
+    got = tft.load_file(path)
+    assert got.keys() == tensors.keys()
+    for k, v in tensors.items():
+        same(got[k], v)
+        assert got[k].is_contiguous()
+
+
+def test_cpu_loads_verify_by_default(path):
+    tensors = _many(300)
+    tft.save_file(tensors, path)
+    _corrupt(path, "t.0007", 1)
+    for load in (lambda: tft.load_file(path), lambda: tft.load_state_dict(path, device="cpu"),
+                 lambda: tf.load_file(path, framework="pt")):
+        with pytest.raises(tf.DataLossError, match=r"tensor 't.0007': checksum mismatch"):
+            load()
+    assert tft.load_file(path, verify=False).keys() == tensors.keys()
+
+
+@needs_cuda
+def test_many_tensors_cuda_views_exact(path):
+    tensors = _many()
+    tft.save_file(tensors, path)
+    got = tft.load_file(path, device="cuda")
+    for k, v in tensors.items():
+        same(got[k], v)
+        assert got[k].is_cuda and got[k].is_contiguous()
+
+
+@needs_cuda
+def test_cuda_loads_verify_by_default(path):
+    tensors = _many(300)
+    tft.save_file(tensors, path)
+    _corrupt(path, "t.0007", 1)
+    with pytest.raises(tf.DataLossError, match=r"tensor 't.0007': checksum mismatch"):
+        tft.load_file(path, device="cuda")
+    with pytest.raises(tf.DataLossError, match=r"tensor 't.0007'"):
+        for name, _ in tf.load_iter(path):
+            assert name != "t.0007"  # never handed over
+    with tf.safe_open(path, "pt", device="cuda") as f:
+        with pytest.raises(tf.DataLossError, match=r"tensor 't.0007'"):
+            f.get_tensor("t.0007")
+    assert tft.load_file(path, device="cuda", verify=False).keys() == tensors.keys()
