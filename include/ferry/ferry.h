@@ -640,7 +640,7 @@ typedef struct ferry_loader_options_t {
   int32_t threads;        /* CPU workers; 0: up to 16, 8 of them for uncompressed loads */
   int32_t host_path;      /* FERRY_HOST_PATH_* */
   int32_t pinned_alloc;   /* FERRY_PINNED_* */
-  int32_t verify;         /* check block checksums while loading */
+  int32_t verify;         /* check block checksums while loading: 1 (the default), 0 opts out */
   int32_t io;             /* FERRY_IO_* */
   /* FERRY_HOST_PATH_REGISTER_WINDOWS: bytes of the mapping each worker registers at a time. */
   uint64_t register_window_bytes;

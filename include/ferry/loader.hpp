@@ -206,8 +206,13 @@ class FERRY_API Loader {
   // Streaming forms: as LoadAsync and LoadToHost, and every tensor goes to `on_ready` as soon
   // as it is loaded (see HandOver and ReadyCallback) while the rest still loads. They return
   // once every tensor was handed over: with HandOver::kComplete the data is then complete;
-  // with kEnqueued, as LoadAsync, once `stream` reaches this point. On failure the tensors
-  // handed over before it stay valid only while the caller holds copies of them.
+  // with kEnqueued, as LoadAsync, once `stream` reaches this point. With verify (the default)
+  // a tensor is handed over only after every block of it matched its checksum (each block is
+  // checked before its copy is enqueued), so the damaged tensor is never handed over. A
+  // mismatch found later fails the call with DataLoss naming the file, the tensor and the
+  // block; the callback may still receive tensors whose copies were already done when it was
+  // found (checked as well), and none after the call returns. On failure the tensors handed
+  // over before it stay valid only while the caller holds copies of them.
   Result<std::vector<LoadedTensor>> LoadStreaming(const Reader& reader,
                                                   const std::vector<LoadRequest>& requests,
                                                   const ReadyCallback& on_ready,

@@ -123,24 +123,38 @@ Result<LoadPlan> Resolve(const BlockSource& source, const std::vector<LoadReques
   LoadPlan plan;
   std::vector<Resolved>& out = plan.res;
   out.resize(requests.empty() ? source.size() : requests.size());
+  // Requests in name order (packed loads, whole checkpoints listed by name) find each tensor
+  // right after the previous one: one comparison instead of a binary search of the index.
+  size_t next = 0;
   for (size_t k = 0; k < out.size(); ++k) {
     if (requests.empty()) {
       FERRY_ASSIGN_OR_RETURN(static_cast<Extent&>(out[k]), source.Locate(k));
       continue;
     }
     const LoadRequest& q = requests[k];
-    FERRY_ASSIGN_OR_RETURN(static_cast<Extent&>(out[k]),
-                           source.Locate(q.name, q.row_begin, q.row_end));
+    size_t i = next;
+    if (i >= source.size() || source.Name(i) != q.name) {
+      FERRY_ASSIGN_OR_RETURN(i, source.Lookup(q.name));
+    }
+    next = i + 1;
+    FERRY_ASSIGN_OR_RETURN(static_cast<Extent&>(out[k]), source.Locate(i, q.row_begin, q.row_end));
     if (q.dst != nullptr && q.dst_bytes < out[k].len) {
       return Error(StatusCode::kInvalidArgument, source.Where(out[k].tensor), ": needs ",
                    out[k].len, " bytes, destination holds ", q.dst_bytes);
     }
     out[k].dst = static_cast<uint8_t*>(q.dst);
   }
+  // File order, ties in request order: sorted as compact (offset, request) pairs, which stays
+  // in cache where comparing through the requests did not.
+  std::vector<std::pair<uint64_t, size_t>> keys(out.size());
+  bool sorted = true;
+  for (size_t k = 0; k < out.size(); ++k) {
+    keys[k] = {out[k].file_offset(), k};
+    sorted = sorted && (k == 0 || keys[k - 1].first <= keys[k].first);
+  }
+  if (!sorted) std::sort(keys.begin(), keys.end());
   plan.order.resize(out.size());
-  for (size_t k = 0; k < out.size(); ++k) plan.order[k] = k;
-  std::stable_sort(plan.order.begin(), plan.order.end(),
-                   [&](size_t a, size_t b) { return out[a].file_offset() < out[b].file_offset(); });
+  for (size_t k = 0; k < out.size(); ++k) plan.order[k] = keys[k].second;
   return plan;
 }
 
