@@ -182,17 +182,21 @@ Status WriteShardIndex(const std::string& index_path, const std::vector<std::str
   char suffix[24];
   std::snprintf(suffix, sizeof(suffix), "%016llx",
                 static_cast<unsigned long long>((uint64_t{rd()} << 32) ^ rd()));
-  std::string tmp = StrCat(index_path, ".tmp.", ::getpid(), ".", suffix);
+  // The same destination rules as every checkpoint writer (ReplaceTarget): through a link,
+  // never over a directory, FIFO or device.
+  FERRY_ASSIGN_OR_RETURN(std::string dest, ReplaceTarget(index_path));
+  std::string tmp = StrCat(dest, ".tmp.", ::getpid(), ".", suffix);
   FERRY_ASSIGN_OR_RETURN(File file, File::CreateExclusive(tmp));
   Status st = file.WriteAll(text.data(), text.size());
   if (st.ok()) st = file.Sync();
+  if (st.ok()) st = KeepPermissions(file, dest);
   if (st.ok()) st = file.Close();
-  if (st.ok()) st = RenameFile(tmp, index_path);
+  if (st.ok()) st = RenameFile(tmp, dest);
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
   }
-  return SyncParentDir(index_path);
+  return SyncParentDir(dest);
 }
 
 // ---- ShardedSave --------------------------------------------------------------------------
