@@ -634,6 +634,44 @@ static void test_streaming_host(const char* path) {
   ferry_reader_free(r);
 }
 
+/* ferry_convert writes the format its destination's extension names and refuses any other
+ * name (a TensorFerry file called model.pt would mislead torch.load); ferry_convert_to names the
+ * format. Neither replaces something that is not a regular file. */
+static void test_convert(const char* path) {
+  char dst[600];
+  ferry_error_t err;
+  ferry_reader_t* r = NULL;
+  const char* refused[] = {"model.pt", "pytorch_model.bin", "model.safetensor", "model"};
+  size_t i;
+
+  for (i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+    path_of(dst, sizeof(dst), refused[i]);
+    CHECK(ferry_convert(path, dst, NULL, &err) == FERRY_INVALID_ARGUMENT);
+    CHECK(contains(err.message, refused[i]));
+    CHECK(contains(err.message, "cannot tell which format to write"));
+    CHECK(contains(err.message, "ferry_convert_to"));
+    CHECK(!file_exists(dst));
+  }
+  path_of(dst, sizeof(dst), "model.pt");
+  CHECK(ferry_convert_to(path, dst, "safetensors", NULL, &err) == FERRY_UNIMPLEMENTED);
+  CHECK(ferry_convert_to(path, dst, "pickle", NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "unknown output format 'pickle'"));
+  CHECK_OK(ferry_convert_to(path, dst, "ferry", NULL, &err));
+  CHECK_OK(ferry_reader_open(dst, NULL, &r, &err));
+  CHECK(ferry_reader_num_tensors(r) == 5);
+  ferry_reader_free(r);
+  remove(dst);
+  path_of(dst, sizeof(dst), "converted.ferry");
+  CHECK_OK(ferry_convert(path, dst, NULL, &err));
+  remove(dst);
+  path_of(dst, sizeof(dst), "converted.safetensors");
+  CHECK(ferry_convert_to(path, dst, "ferry", NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "the name says safetensors"));
+  /* The scratch directory itself as the destination. */
+  CHECK(ferry_convert_to(path, g_dir, "ferry", NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "is a directory, not a regular file"));
+}
+
 static void test_errors(const char* path) {
   char missing[600], corrupt[600];
   ferry_reader_t* r = NULL;
@@ -867,6 +905,7 @@ int main(int argc, char** argv) {
     test_tensor_table(path);
     test_streaming_host(path);
     test_errors(path);
+    test_convert(path);
     test_sharded(path);
   }
   test_split_plan();

@@ -356,10 +356,20 @@ FERRY_API int ferry_writer_wait_snapshot(ferry_writer_t* writer, ferry_error_t* 
  * or a TensorFerry checkpoint. PyTorch inputs are read without running their pickles: only
  * tensors, plain values and TransformerEngine extra state are imported, anything else is
  * refused with an error naming it. `dst` ending in ".safetensors" writes safetensors (PyTorch
- * inputs without FP8 scaling state only); anything else a TensorFerry checkpoint written with
- * `options` (NULL: defaults). Thread-safe (touches no shared state). */
+ * inputs without FP8 scaling state only), ".ferry" a TensorFerry checkpoint written with
+ * `options` (NULL: defaults); any other name is FERRY_INVALID_ARGUMENT, before anything is read
+ * or written (a TensorFerry file named model.pt or model.safetensor would mislead its readers):
+ * name the format with ferry_convert_to. So is a `dst` that exists and is not a regular file
+ * (a directory, FIFO, device node or socket, or a link to one). Thread-safe (touches no shared
+ * state). */
 FERRY_API int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
                             ferry_error_t* error);
+/* As ferry_convert, with the output format named: `format` "ferry" (or "tensorferry") or
+ * "safetensors", whatever `dst` is called; NULL or "" chooses by the extension, as
+ * ferry_convert does. A format that contradicts the extension (format "ferry", dst
+ * "x.safetensors") is FERRY_INVALID_ARGUMENT. */
+FERRY_API int ferry_convert_to(const char* src, const char* dst, const char* format,
+                               const ferry_writer_options_t* options, ferry_error_t* error);
 /* Sets a string metadata entry (a later value for the same key replaces the earlier one). */
 FERRY_API int ferry_writer_set_metadata(ferry_writer_t* writer, const char* key, const char* value,
                                         ferry_error_t* error);

@@ -930,13 +930,18 @@ int ferry_writer_create(const char* path, const ferry_writer_options_t* options,
 
 int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
                   ferry_error_t* error) {
+  return ferry_convert_to(src, dst, nullptr, options, error);
+}
+
+int ferry_convert_to(const char* src, const char* dst, const char* format,
+                     const ferry_writer_options_t* options, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(src);
     FERRY_C_REQUIRE(dst);
     ferry::WriterOptions o;
     int rc = ToWriterOptions(dst, options, fn, &o, error);
     if (rc != FERRY_OK) return rc;
-    return Report(ferry::torch_import::ConvertCheckpoint(src, dst, o), error);
+    return Report(ferry::torch_import::ConvertCheckpoint(src, dst, o, format ? format : ""), error);
   });
 }
 

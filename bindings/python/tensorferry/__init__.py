@@ -74,7 +74,7 @@ def _name(n):
 
 class TensorInfo:
     """Description of a stored tensor: name, dtype (a ferry dtype name such as "BF16"),
-    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd",
+    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle+zstd",
     "planes")."""
 
     __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
@@ -84,7 +84,7 @@ class TensorInfo:
         self.dtype = _dtypes.NAMES[dtype]
         self.shape = shape
         self.nbytes = nbytes
-        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd", 3: "planes"}[encoding]
+        self.encoding = _lib.ENCODING_NAMES[encoding]
         self.data_offset = data_offset
         self.data_size = data_size
 
@@ -406,10 +406,10 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     The file appears atomically at commit: a failure leaves any previous file untouched.
     torch tensors that share memory are refused (RuntimeError naming them), as safetensors
     does; non-contiguous tensors are stored contiguously (safetensors refuses them).
-    encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
-    compress best), or "planes" (bf16/f16 weights about 1.47x smaller, expanded on the GPU
-    while loading, so hot loads move fewer bytes over the link); zstd_level None keeps the
-    library's default. metadata: dict of str -> str.
+    encoding: "raw" (zero-copy views on load), "zstd" or "shuffle+zstd" (also spelled
+    "shuffle_zstd"; bf16/f16/f32 weights compress best), or "planes" (bf16/f16 weights about
+    1.47x smaller, expanded on the GPU while loading, so hot loads move fewer bytes over the
+    link); zstd_level None keeps the library's default. metadata: dict of str -> str.
     min_savings: a block is stored uncompressed unless zstd saves this fraction (None: the
     library's 0.03).
     scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
@@ -425,8 +425,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     save_file_async). direct_io: write through O_DIRECT where the file system supports it
     (faster on the disks measured; the saved file is then not left in the page cache).
     """
-    if encoding not in _lib.ENCODINGS:
-        raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
+    _lib.encoding_code(encoding)  # a bad name is refused before anything else is looked at
     shared = shared_tensor_groups(tensors)
     if shared:
         # Stored twice, they would load as independent tensors (as safetensors refuses them).
