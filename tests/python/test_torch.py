@@ -115,6 +115,38 @@ def test_extra_state_is_never_pickled(path):
     assert list(tf.load_file(path)) == ["w"]
 
 
+def test_save_state_dict_flattens_a_nested_state_as_convert_does(tmp_path):
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.25)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 10}
+    tft.save_state_dict(state, str(tmp_path / "saved.ferry"))
+    torch.save(state, str(tmp_path / "saved.pt"))
+    tf.convert(str(tmp_path / "saved.pt"), str(tmp_path / "converted.ferry"))
+    saved = tft.load_state_dict(str(tmp_path / "saved.ferry"), device="cpu")
+    converted = tft.load_state_dict(str(tmp_path / "converted.ferry"), device="cpu")
+    assert sorted(saved) == sorted(converted)
+    assert {"model.weight", "optimizer.state.0.exp_avg", "optimizer.state.1.exp_avg_sq"} <= \
+        set(saved)
+    for k in saved:
+        assert torch.equal(saved[k], converted[k]), k
+    typed = tf.read_metadata(str(tmp_path / "saved.ferry"), typed=True)
+    assert typed == tf.read_metadata(str(tmp_path / "converted.ferry"), typed=True)
+    assert typed["step"] == 10 and typed["optimizer.param_groups.0.lr"] == 0.25
+    assert typed["optimizer.param_groups.0.params"] == [0, 1]
+
+
+def test_following_the_skip_hint_never_writes_an_empty_checkpoint(tmp_path):
+    path = str(tmp_path / "m.ferry")
+    with pytest.raises(TypeError, match="extra_state='skip'"):
+        tft.save_state_dict({"opaque": object()}, path)
+    with pytest.raises(ValueError, match="nothing of the state would be stored"):
+        with pytest.warns(UserWarning, match="left out"):
+            tft.save_state_dict({"opaque": object()}, path, extra_state="skip")
+    assert not (tmp_path / "m.ferry").exists()
+
+
 # ---- CUDA ---------------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ import os
 import struct
 import threading
 
-from . import _dtypes, _lib, _scaling
+from . import _dtypes, _lib, _scaling, _state
 from ._dlpack import DLPackTensor, HostBuffer
 from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidArgumentError,
                    IoError, NotFoundError, ResourceExhaustedError, UnimplementedError,
@@ -588,7 +588,11 @@ class Reader(_Closable):
             info = self._infos[name] = TensorInfo(*self._record(i)[:7])
         return info
 
-    def metadata(self):
+    def metadata(self, typed=False):
+        """{key: str}; with `typed`, the texts of plain values (an imported torch checkpoint's
+        non-tensor entries, a nested state saved by tensorferry.torch.save_state_dict) come
+        back as the ints, floats, bools, None and lists they were written from
+        (tensorferry._state.decode_value); other texts stay str."""
         L = self._lib
         out = {}
         for i in range(L.ferry_reader_num_metadata(self.handle)):
@@ -600,6 +604,8 @@ class Reader(_Closable):
             key = _lib.decode(ctypes.string_at(k.value, kn.value), self.path, "metadata key")
             out[key] = _lib.decode(ctypes.string_at(v.value, vn.value) if vn.value else b"",
                                    self.path, "metadata value of %r" % key)
+        if typed:
+            out = {k: _state.decode_value(v) for k, v in out.items()}
         return out
 
     def scaling_state(self):
@@ -1100,10 +1106,11 @@ def load_file(path, device=None, framework=None, verify=False):
         return _torch_cuda_load_all(r, device, verify=verify)
 
 
-def read_metadata(path):
-    """The checkpoint's string metadata as a dict."""
+def read_metadata(path, typed=False):
+    """The checkpoint's string metadata as a dict; with `typed`, plain values come back typed
+    (see Reader.metadata): ``{"epoch": 7, "lr": 0.5}`` rather than ``{"epoch": "7", ...}``."""
     with Reader(path) as r:
-        return r.metadata()
+        return r.metadata(typed)
 
 
 def read_scaling_state(path):
