@@ -1129,13 +1129,15 @@ class safe_open:
 
     Behaves as safetensors' safe_open does: a missing file raises FileNotFoundError;
     metadata() is None when the file has none; get_slice(name)[...] takes ints, slices (with
-    steps), Ellipsis and tuples of them, and a bound past a dimension's end raises; every call
-    after close (or after the ``with`` block) raises. Where it differs, on purpose:
+    steps), Ellipsis and tuples of them; every call after close (or after the ``with`` block)
+    raises. Slices clamp as in Python, numpy and torch: on 3 rows, ``[1:10]`` is 2 rows,
+    ``[5:]`` none and ``[-10:]`` all 3 (so the last rank of a tensor-parallel split may ask
+    past the end); an int index out of range raises IndexError. Where it differs, on purpose:
     - errors are tensorferry's types, not SafetensorError: NotFoundError (a LookupError) for
       an unknown tensor, IndexError for an index out of range, ValueError on a closed file;
     - numpy views of raw tensors are not copies but private copy-on-write mappings: writable,
       and a write changes only that array (never the file, nor another view);
-    - negative slice bounds count from the end, as in Python (safetensors rejects them);
+    - negative slice bounds count from the end, as in Python;
     - metadata() cannot tell an empty dict from none: both give None.
     """
 
@@ -1186,8 +1188,8 @@ class safe_open:
 
 
 def _expand_index(key, shape, name):
-    """`key` as a tuple of one int or slice per leading dimension (Ellipsis expanded), every
-    bound checked against `shape` as safetensors checks it."""
+    """`key` as a tuple of one int or slice per leading dimension (Ellipsis expanded); int
+    indices are checked against `shape`, slice bounds are left to clamp (slice.indices)."""
     if not isinstance(key, tuple):
         key = (key,)
     if sum(k is Ellipsis for k in key) > 1:
@@ -1206,12 +1208,6 @@ def _expand_index(key, shape, name):
             step = 1 if k.step is None else operator.index(k.step)
             if step == 0:
                 raise ValueError("tensorferry: slice step cannot be zero")
-            # As safetensors: a start must index an element, a stop may be the end.
-            for b, end in zip(bounds, (n - 1, n)):
-                if b is not None and not -n <= b <= end:
-                    raise IndexError(
-                        "tensorferry: index %d out of bounds for dimension %d of size %d of "
-                        "tensor %r" % (b, dim, n, name))
             out.append(slice(bounds[0], bounds[1], step))
         else:
             try:
