@@ -610,6 +610,15 @@ FERRY_API int ferry_reader_find_scaling_state(const ferry_reader_t* reader, cons
  * ferry_reader_read_into. */
 FERRY_API int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t flags,
                                 DLManagedTensorVersioned** out, ferry_error_t* error);
+/* Zero-copy view of the whole file (kDLCPU, U8, 1-D of the file's size): one private
+ * copy-on-write mapping, as ferry_reader_view makes for one tensor, for a binding that hands
+ * out every raw tensor of a load at once (each at its data_offset in the tensor table) with one
+ * mapping instead of one per tensor (a process may hold only so many mappings). Writes stay in
+ * this process and in this view. No checksum is verified: call ferry_reader_verify first where
+ * wanted. The tensor keeps the mapping alive until its deleter runs, also after
+ * ferry_reader_free. */
+FERRY_API int ferry_reader_view_file(const ferry_reader_t* reader, DLManagedTensorVersioned** out,
+                                     ferry_error_t* error);
 /* Copies (decoding as needed) the whole tensor into host memory `dst` of `dst_size` bytes
  * (at least the tensor's nbytes). */
 FERRY_API int ferry_reader_read_into(const ferry_reader_t* reader, const char* name, void* dst,

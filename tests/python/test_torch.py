@@ -147,6 +147,49 @@ def test_following_the_skip_hint_never_writes_an_empty_checkpoint(tmp_path):
     assert not (tmp_path / "m.ferry").exists()
 
 
+def test_cpu_loads_are_views_and_take_verify_and_threads(tmp_path):
+    path = str(tmp_path / "m.ferry")
+    want = {"w": make(torch.bfloat16, (64, 33)), "i": make(torch.int32, (7,)),
+            "f8": make(torch.float8_e4m3fn, (4, 4)), "e": torch.empty(0, 3)}
+    tft.save_file(want, path)
+    before = open(path, "rb").read()
+    for got in (tft.load_file(path, device="cpu", threads=2),
+                tft.load_file(path, device="cpu", verify=True),
+                dict(tf.load_iter(path, device="cpu", framework="pt"))):
+        assert sorted(got) == sorted(want)
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8),
+                                                           v.view(torch.uint8)), k
+            got[k].zero_()  # private: never reaches the file
+    assert open(path, "rb").read() == before
+    with tf.safe_open(path, framework="pt", device="cpu") as f:
+        w = f.get_tensor("w")
+        w.zero_()
+        assert torch.equal(f.get_tensor("w"), want["w"])
+        assert torch.equal(f.get_slice("w")[60:99], want["w"][60:])
+
+
+def test_verify_refuses_a_corrupt_file_before_touching_the_model(tmp_path):
+    path = str(tmp_path / "m.ferry")
+    model = torch.nn.Linear(8, 4)
+    tft.save_model(model, path)
+    with tf.Reader(path) as r:
+        at = r.info("weight").data_offset + 3
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+    other = torch.nn.Linear(8, 4)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(tf.DataLossError, match="'weight'"):
+        tft.load_model(other, path, verify=True)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(tf.DataLossError, match="'weight'"):
+        tft.load_file(path, verify=True)
+
+
 # ---- CUDA ---------------------------------------------------------------------------------
 
 

@@ -667,37 +667,107 @@ def _numpy_copy(reader, name, rows=None, verify=False):
     return out
 
 
-def _numpy_load_all(reader, verify=False):
-    """Every tensor as numpy arrays, through one packed host load (the library's worker
-    threads, one allocation, no per-tensor call into the library). The arrays are views of
-    that one buffer, writable, each at its own 256-byte-aligned offset."""
+def _file_bytes(reader):
+    """A writable numpy uint8 array over a fresh private copy-on-write mapping of the whole
+    file (ferry_reader_view_file): no copy, pages shared with the page cache until written,
+    writes never reaching the file or any other load."""
+    import numpy as np
+
+    out = ctypes.c_void_p()
+    _lib.call("ferry_reader_view_file", reader.handle, ctypes.byref(out))
+    t = DLPackTensor(out.value, "U8")
+    return np.asarray(HostBuffer(t, t.shape[0]))
+
+
+def _host_sources(reader, verify=False, threads=0, on_ready=None):
+    """[(name, dtype code, shape, nbytes, buffer, offset)] of every tensor in name order, its
+    bytes at buffer[offset:offset + nbytes] (buffer a writable numpy uint8 array).
+
+    Unverified, raw tensors are not copied: they lie in one private copy-on-write mapping of
+    the file (what safetensors' torch loads hand out too, at the cost of page faults instead
+    of a copy into freshly faulted memory). The rest (compressed tensors, and every tensor
+    when checksums are verified) are loaded by the library's worker threads into one host
+    buffer, each at a 256-byte-aligned offset: one call into the library, no per-tensor one.
+
+    `on_ready(entry)`, when given, is called with each entry as soon as its bytes are in place
+    (views first, then the loaded ones as the library hands them over, from its hand-over
+    thread) for load_iter."""
     import numpy as np
 
     n = len(reader._order)
-    buf = np.empty(max(1, reader._packed_bytes), np.uint8)
-    if reader._packed_bytes:
-        _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle, reader.handle,
-                  ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
+    # ferry_tensor_record_t's fields (include/ferry/ferry.h), read for every tensor at once.
     rec = np.frombuffer(reader._records, dtype=np.dtype(
-        {"names": ["shape_at", "nbytes", "packed", "dtype", "ndim"],
-         "formats": ["<u8", "<u8", "<u8", "<i4", "<i4"],
-         "offsets": [16, 24, 56, 64, 68], "itemsize": reader._record_size}), count=n)
+        {"names": ["shape_at", "nbytes", "data_offset", "packed", "dtype", "ndim", "encoding"],
+         "formats": ["<u8", "<u8", "<u8", "<u8", "<i4", "<i4", "<i4"],
+         "offsets": [16, 24, 32, 56, 64, 68, 72], "itemsize": reader._record_size}), count=n)
     dims = np.frombuffer(reader._shapes, "<i8").tolist() if reader._shapes else []
-    np_types = {}
-    out = {}
-    for name, code, ndim, at, offset, nbytes in zip(
-            reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(), rec["shape_at"].tolist(),
-            rec["packed"].tolist(), rec["nbytes"].tolist()):
-        shape = tuple(dims[at:at + ndim])
-        dt = np_types.get(code)
-        if dt is None:
-            dt = np_types[code] = _dtypes.to_numpy(_dtypes.NAMES[code])
-        if code == _dtypes.CODES["F4_E2M1FN"]:  # one element per byte in numpy
-            codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
-            out[name] = codes.view(dt).reshape(shape)
+    nbytes = rec["nbytes"].tolist()
+    viewed = (rec["encoding"] == 0) & (rec["nbytes"] > 0)
+    if verify or not viewed.any():
+        viewed[:] = False
+    file = _file_bytes(reader) if viewed.any() else None
+    copied = [i for i in range(n) if not viewed[i] and nbytes[i] > 0]
+    offsets = rec["data_offset"].tolist() if file is not None else [0] * n
+    loader = _host_loader(verify, threads)
+    buf = None
+    everything = len(copied) == sum(1 for b in nbytes if b > 0)
+    if everything and on_ready is None:  # the packed load: no request list at all
+        buf = np.empty(max(1, reader._packed_bytes), np.uint8)
+        offsets = rec["packed"].tolist()
+    elif copied:
+        total = 0
+        for i in copied:
+            offsets[i] = total
+            total += (nbytes[i] + 255) // 256 * 256
+        buf = np.empty(total, np.uint8)
+    codes, at, ndims = rec["dtype"].tolist(), rec["shape_at"].tolist(), rec["ndim"].tolist()
+    entries = [(reader._order[i], codes[i], tuple(dims[at[i]:at[i] + ndims[i]]), nbytes[i],
+                file if viewed[i] else buf, offsets[i]) for i in range(n)]
+    if on_ready is not None:
+        pending = set(copied)
+        for i in range(n):
+            if i not in pending:
+                on_ready(entries[i])
+    if everything and on_ready is None:
+        if reader._packed_bytes:
+            _lib.call("ferry_loader_load_to_host_packed", loader._handle, reader.handle,
+                      ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
+    elif copied:
+        reqs, keep = loader._requests(
+            [(reader._order[i], None, buf.ctypes.data + offsets[i], nbytes[i]) for i in copied])
+        if on_ready is None:
+            _lib.call("ferry_loader_load_to_host", loader._handle, reader.handle, reqs,
+                      len(copied), None)
         else:
-            out[name] = np.ndarray(shape, dt, buf, offset)
-    return out
+            # Runs on the loader's hand-over thread: only hands the entry on.
+            ready = _lib.READY_FN(lambda user, k, tensor, event: on_ready(entries[copied[k]]))
+            _lib.call("ferry_loader_load_to_host_streaming", loader._handle, reader.handle, reqs,
+                      len(copied), ready, None, None)
+        del keep
+    return entries
+
+
+def _numpy_entry(entry, np_types):
+    """The numpy array of a _host_sources entry."""
+    import numpy as np
+
+    name, code, shape, nbytes, buf, offset = entry
+    dt = np_types.get(code)
+    if dt is None:
+        dt = np_types[code] = _dtypes.to_numpy(_dtypes.NAMES[code])
+    if buf is None:  # no bytes
+        return np.empty(shape, dt)
+    if code == _dtypes.CODES["F4_E2M1FN"]:  # one element per byte in numpy
+        codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
+        return codes.view(dt).reshape(shape)
+    return np.ndarray(shape, dt, buf, offset)
+
+
+def _numpy_load_all(reader, verify=False, threads=0):
+    """Every tensor as numpy arrays (see _host_sources for where their bytes lie: writable
+    either way, and a write never reaches the file)."""
+    np_types = {}
+    return {e[0]: _numpy_entry(e, np_types) for e in _host_sources(reader, verify, threads)}
 
 
 def _numpy_view(reader, name, verify=False):
@@ -756,13 +826,54 @@ def _torch_view(torch, flat, offset, dtype, shape, nbytes):
 
 
 def _torch_host(reader, name, rows=None, verify=False):
+    """A CPU torch tensor of `name` (rows [a, b) of it): a view of a private copy-on-write
+    mapping of the tensor for raw ones (as safe_open's numpy views), else a copy."""
     torch = _torch()
     info = reader.info(name)
     shape, nbytes = reader.region(name, rows)
+    # Rows of FP4 need not start on a byte: those are copied.
+    if info.encoding == "raw" and info.nbytes > 0 and (rows is None or
+                                                        info.dtype != "F4_E2M1FN"):
+        import numpy as np
+
+        t = reader.view(name, verify)
+        flat = torch.from_numpy(np.asarray(HostBuffer(t, info.nbytes)))
+        begin = 0
+        if rows is not None:
+            begin = rows[0] * (info.nbytes // info.shape[0]) if info.shape[0] else 0
+        out = _torch_view(torch, flat, begin, info.dtype, shape, nbytes)
+        if out is not None:
+            return out
     out = _torch_empty(torch, info.dtype, shape, nbytes, "cpu")
     if nbytes:
         reader.read_into(name, out.data_ptr(), nbytes, rows, verify)
     return out
+
+
+def _torch_entry(torch, entry, flats):
+    """The CPU torch tensor of a _host_sources entry: a view of its buffer, or a copy where
+    torch has no view of that dtype at that offset. `flats` caches one torch tensor per
+    buffer."""
+    name, code, shape, nbytes, buf, offset = entry
+    dtype = _dtypes.NAMES[code]
+    flat = None
+    if buf is not None:
+        flat = flats.get(id(buf))
+        if flat is None:
+            flat = flats[id(buf)] = torch.from_numpy(buf)
+    t = _torch_view(torch, flat, offset, dtype, shape, nbytes) if flat is not None else None
+    if t is None:
+        t = _torch_empty(torch, dtype, shape, nbytes, "cpu")
+        if nbytes:
+            t.view(-1).view(torch.uint8).copy_(flat.narrow(0, offset, nbytes))
+    return t
+
+
+def _torch_host_load_all(reader, verify=False, threads=0):
+    """Every tensor as a CPU torch tensor, from _host_sources."""
+    torch = _torch()
+    flats = {}
+    return {e[0]: _torch_entry(torch, e, flats) for e in _host_sources(reader, verify, threads)}
 
 
 def _cuda_index(torch, device):
@@ -791,12 +902,14 @@ def _default_loader(device_index):
 _host_loaders = {}
 
 
-def _host_loader(verify):
-    """A loader kept for host loads (its worker threads live on), one per verify setting."""
+def _host_loader(verify, threads=0):
+    """A loader kept for host loads (its worker threads live on), one per verify setting and
+    thread count."""
+    key = (bool(verify), int(threads))
     with _loaders_lock:
-        loader = _host_loaders.get(verify)
+        loader = _host_loaders.get(key)
         if loader is None:
-            loader = _host_loaders[verify] = Loader(verify=verify)
+            loader = _host_loaders[key] = Loader(verify=verify, threads=threads)
         return loader
 
 
@@ -890,17 +1003,74 @@ def _torch_cuda_load_all(reader, device, verify=False):
     return out
 
 
-def load_iter(path, device="cuda", verify=False):
-    """Yields (name, torch tensor) for every tensor of a checkpoint as soon as its copy onto
-    `device` is complete, while the rest still loads, so a framework can build modules as
-    their weights land. Tensors come in the order their copies finish (file order, give or
-    take the interleaving of the copy threads), each exactly once.
+def load_iter(path, device="cuda", verify=False, framework=None, threads=0):
+    """Yields (name, tensor) for every tensor of a checkpoint as soon as it is in place,
+    while the rest still loads, so a framework can build modules as their weights land. Each
+    tensor comes exactly once.
 
-    `device`: "cuda" (the current device), "cuda:N" or a torch.device. Copies run on that
-    device's current torch stream, into one allocation shared by all tensors (as load_file).
-    A yielded tensor is complete: any stream may read it. Leaving the loop early waits for
-    the load to finish before the generator closes. Errors are raised at the point of
-    iteration where they happen, after the tensors handed over before them."""
+    `device`: "cuda" (the current device), "cuda:N" or a torch.device: torch tensors, in the
+    order their copies finish (file order, give or take the interleaving of the copy
+    threads), copied on that device's current torch stream into one allocation shared by all
+    tensors (as load_file); a yielded tensor is complete: any stream may read it. "cpu": numpy
+    arrays (torch CPU tensors with framework="pt"), as load_file makes them: raw tensors
+    first, at once (views of the file's private mapping), then the decoded ones as the
+    library's `threads` workers finish them. Leaving the loop early waits for the load to
+    finish before the generator closes. Errors are raised at the point of iteration where
+    they happen, after the tensors handed over before them."""
+    framework, device = _resolve(framework, device)
+    if device == "cpu":
+        yield from _host_iter(path, framework, verify, threads)
+        return
+    yield from _cuda_iter(path, device, verify)
+
+
+def _background_iter(reader, run):
+    """Yields what `run(put)`, running on a thread of its own, puts, until it returns; then
+    raises what it raised. Leaving early waits for it; the reader is closed at the end."""
+    import queue
+
+    ready = queue.SimpleQueue()
+    failure = []
+
+    def body():
+        try:
+            run(ready.put)
+        except BaseException as e:  # noqa: B902 - raised in the consumer's thread below
+            failure.append(e)
+        finally:
+            ready.put(None)
+
+    thread = threading.Thread(target=body, name="tensorferry-load-iter", daemon=True)
+    try:
+        thread.start()
+        while True:
+            item = ready.get()
+            if item is None:
+                break
+            yield item
+        thread.join()
+        if failure:
+            raise failure[0]
+    finally:
+        if thread.is_alive():  # left early: the load still writes into its buffers
+            thread.join()
+        reader.close()
+
+
+def _host_iter(path, framework, verify, threads):
+    if framework == "np":
+        np_types = {}
+        convert = lambda e: _numpy_entry(e, np_types)  # noqa: E731
+    else:
+        torch, flats = _torch(), {}
+        convert = lambda e: _torch_entry(torch, e, flats)  # noqa: E731
+    reader = Reader(path)
+    for entry in _background_iter(
+            reader, lambda put: _host_sources(reader, verify, threads, on_ready=put)):
+        yield entry[0], convert(entry)
+
+
+def _cuda_iter(path, device, verify):
     import queue
 
     torch = _torch()
@@ -1086,23 +1256,25 @@ def _resolve(framework, device):
     return framework, ("cpu" if is_cpu else device)
 
 
-def load_file(path, device=None, framework=None, verify=False):
+def load_file(path, device=None, framework=None, verify=False, threads=0):
     """Loads every tensor of a checkpoint into a dict.
 
-    device None or "cpu": numpy arrays (writable copies, views of one buffer the library
-    fills with all its worker threads), or torch CPU tensors with
-    framework="pt". device "cuda" (the current device), "cuda:N" or a torch.device: torch
-    tensors on that device, copied on its current torch stream (the call returns once they
-    are complete). FP6 tensors come to torch as uint8; FP4 as float4_e2m1fn_x2 (uint8 bytes
-    when the last dimension is odd).
+    device None or "cpu": numpy arrays, or torch CPU tensors with framework="pt". Raw
+    tensors are not copied: they are views of one private copy-on-write mapping of the file
+    (as safetensors' torch loads are), writable, and a write stays in the array; compressed
+    tensors (and, with `verify`, every tensor, its checksums checked) are decoded by the
+    library's worker threads into one buffer. `threads`: those workers (0: one per core, up
+    to the library's default). device "cuda" (the current device), "cuda:N" or a
+    torch.device: torch tensors on that device, copied on its current torch stream (the call
+    returns once they are complete). FP6 tensors come to torch as uint8; FP4 as
+    float4_e2m1fn_x2 (uint8 bytes when the last dimension is odd).
     """
     framework, device = _resolve(framework, device)
     with Reader(path) as r:
-        names = r.keys()
         if framework == "np":
-            return _numpy_load_all(r, verify=verify)
+            return _numpy_load_all(r, verify=verify, threads=threads)
         if device == "cpu":
-            return {n: _torch_host(r, n, verify=verify) for n in names}
+            return _torch_host_load_all(r, verify=verify, threads=threads)
         return _torch_cuda_load_all(r, device, verify=verify)
 
 
@@ -1287,8 +1459,8 @@ def _save_bytes(tensors, metadata, **options):
 
 def _load_bytes(data, load):
     """load(path) over a checkpoint given as bytes, held in an anonymous in-memory file
-    (memfd) where the system has them, else in a temporary file. `load` must return copies,
-    not views of the file."""
+    (memfd) where the system has them, else in a temporary file. What `load` returns may view
+    the file: a mapping keeps it alive after it is closed and removed."""
     import tempfile
 
     if not isinstance(data, (bytes, bytearray, memoryview)):

@@ -478,6 +478,7 @@ def _declare(lib):
     fn("ferry_reader_num_scaling_states", c_size_t, c_void_p)
     fn("ferry_reader_scaling_state_at", I, c_void_p, c_size_t, POINTER(ScalingState), E)
     fn("ferry_reader_view", I, c_void_p, c_char_p, c_uint32, POINTER(c_void_p), E)
+    fn("ferry_reader_view_file", I, c_void_p, POINTER(c_void_p), E)
     fn("ferry_reader_read_into", I, c_void_p, c_char_p, c_void_p, c_uint64, c_uint32, E)
     fn("ferry_reader_read_rows_into", I, c_void_p, c_char_p, c_int64, c_int64, c_void_p,
        c_uint64, c_uint32, E)
@@ -492,6 +493,8 @@ def _declare(lib):
            POINTER(c_void_p), c_void_p, E)
     fn("ferry_loader_load_to_host", I, c_void_p, c_void_p, POINTER(LoadRequest), c_size_t,
        POINTER(c_void_p), E)
+    fn("ferry_loader_load_to_host_streaming", I, c_void_p, c_void_p, POINTER(LoadRequest),
+       c_size_t, READY_FN, c_void_p, POINTER(c_void_p), E)
     for name in ("ferry_loader_load_packed_async", "ferry_loader_load_packed"):
         fn(name, I, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, E)
     fn("ferry_loader_load_to_host_packed", I, c_void_p, c_void_p, c_void_p, c_uint64, E)

@@ -209,10 +209,13 @@ def save(tensors, metadata=None, **options):
     return _tf._save_bytes(tensors, metadata, **options)
 
 
-def load_file(filename, device="cpu"):
+def load_file(filename, device="cpu", *, verify=False, threads=0):
     """Every tensor of `filename` as a torch tensor on `device`: "cpu", "cuda" (the current
-    device), "cuda:N", an int N or a torch.device."""
-    return _tf.load_file(filename, device=device, framework="pt")
+    device), "cuda:N", an int N or a torch.device. On the CPU raw tensors view a private
+    copy-on-write mapping of the file, as safetensors' do (see tensorferry.load_file).
+    `verify`: check every block's checksum first (DataLossError naming the tensor and block).
+    `threads`: the library's host workers (0: its default)."""
+    return _tf.load_file(filename, device=device, framework="pt", verify=verify, threads=threads)
 
 
 def load(data):
@@ -268,7 +271,7 @@ def _direct_target(tensor, info):
             and tensor.device.type in ("cpu", "cuda"))
 
 
-def load_model(model, filename, strict=True, device=None):
+def load_model(model, filename, strict=True, device=None, *, verify=False):
     """Loads `filename` into `model`'s own tensors and returns (missing, unexpected): names
     of the model the file lacks, and names in the file the model does not use.
 
@@ -277,10 +280,14 @@ def load_model(model, filename, strict=True, device=None):
     touched); tensors whose dtype, shape or layout differ go through
     ``model.load_state_dict`` and get its conversions and size checks. With `strict`, missing
     or unexpected names raise RuntimeError (the message safetensors gives) after the load.
-    `device` is accepted for safetensors compatibility and not used.
+    `device` is accepted for safetensors compatibility and not used. `verify`: check every
+    block's checksum before anything is loaded into the model (DataLossError naming the tensor
+    and block; the model is then untouched).
     """
     state = model.state_dict()
     with _tf.Reader(filename) as reader:
+        if verify:
+            reader.verify()
         file_names = reader.keys()
         dropped = _duplicate_names(state, preferred=file_names)
         direct = {}
