@@ -291,6 +291,17 @@ class ShardedSave::Impl {
     if (group.rank == 0 && any_failed.ok() && *any_failed == 0) {
       if (options.remove_replaced) replaced = IndexedFiles(index_path);
       index_st = WriteShardIndex(index_path, ShardNames(), options.metadata);
+      // The replaced checkpoint's shards go now, before the last agreement, not after it:
+      // every rank then returns from the save only once they are gone, so a rank that looks
+      // at the folder (or starts the next save) right away never finds them, whatever the
+      // timing. The index already names the new shards, so a crash here loses nothing.
+      if (index_st.ok()) {
+        const std::vector<std::string> names = ShardNames();
+        const std::set<std::string> keep(names.begin(), names.end());
+        for (const std::string& f : replaced) {
+          if (!keep.count(f) && IsSaveShard(stem, f)) ::unlink((dir + "/" + f).c_str());
+        }
+      }
     }
     auto index_failed = Agree(index_st.ok() ? 0 : 1);
     if (st.ok()) {
@@ -307,13 +318,6 @@ class ShardedSave::Impl {
       // The index names the previous checkpoint (or nothing): this shard is garbage.
       ::unlink(shard_path.c_str());
       return st;
-    }
-    if (group.rank == 0) {
-      const std::vector<std::string> names = ShardNames();
-      const std::set<std::string> keep(names.begin(), names.end());
-      for (const std::string& f : replaced) {
-        if (!keep.count(f) && IsSaveShard(stem, f)) ::unlink((dir + "/" + f).c_str());
-      }
     }
     return Status::Ok();
   }

@@ -30,6 +30,7 @@ rank and costs no communication. Nothing is created on any other GPU than the cu
 
 import ctypes
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -312,12 +313,18 @@ def _index_stem(index_path):
 
 
 def _indexed_files(index_path):
+    """The shard file names the index at `index_path` lists; empty when there is none or it
+    does not parse. Only names of this save's own form are ever deleted (save_file), which
+    keeps them plain names inside the index's folder."""
     try:
         with open(index_path, "rb") as f:
-            wm = json.loads(f.read().decode("utf-8")).get("weight_map", {})
-        return {v for v in wm.values() if isinstance(v, str) and _plain_relative(v)}
-    except Exception:
+            index = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):  # absent, unreadable, not UTF-8, not JSON
         return set()
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wm, dict):
+        return set()
+    return {v for v in wm.values() if isinstance(v, str)}
 
 
 def _agree_device(torch, dist, group):
@@ -421,6 +428,19 @@ def save_file(tensors, path, process_group=None, *, metadata=None, encoding="raw
                 write_shard_index(path, files, metadata)
             except Exception as e:
                 index_failure = e
+            if index_failure is None:
+                # The replaced checkpoint's shards go now, before the last agreement, not
+                # after it: every rank returns only once they are gone, so a rank that looks
+                # at the folder (or starts the next save) right away never finds them,
+                # whatever the timing. (Same order as ShardedSave::Conclude in C++.)
+                pattern = re.compile(re.escape(stem) +
+                                     r"-[0-9a-f]{16}-[0-9]{5}-of-[0-9]{5}\.ferry")
+                for f in replaced - set(files):
+                    if pattern.fullmatch(f):
+                        try:
+                            os.unlink(os.path.join(directory, f))
+                        except OSError:
+                            pass
         flag2 = _agree(torch, dist, group, dev, [1 if index_failure is not None else 0],
                        dist.ReduceOp.MAX)[0]
         if failure is not None or flag or flag2:
@@ -434,14 +454,6 @@ def save_file(tensors, path, process_group=None, *, metadata=None, encoding="raw
                 raise index_failure
             raise RuntimeError("tensorferry.distributed: rank %d: another rank failed to save %s "
                                "(its error says why)" % (rank, path))
-        if rank == 0:
-            pattern = re.compile(re.escape(stem) + r"-[0-9a-f]{16}-[0-9]{5}-of-[0-9]{5}\.ferry")
-            for f in replaced - set(files):
-                if pattern.fullmatch(f):
-                    try:
-                        os.unlink(os.path.join(directory, f))
-                    except OSError:
-                        pass
         return path
 
     if async_save:
