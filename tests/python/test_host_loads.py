@@ -39,6 +39,15 @@ def mixed_file(path):
     return {k: v for k, (v, _) in tensors.items()}
 
 
+def flip_byte(path, offset):
+    """Corrupts one byte of the file at `path` in place."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
 def root(a):
     while isinstance(a.base, np.ndarray):
         a = a.base
@@ -76,12 +85,7 @@ def test_verify_checks_every_tensor_and_catches_a_flipped_byte(tmp_path):
     for k, v in tf.load_file(path, verify=True, threads=2).items():
         np.testing.assert_array_equal(v, want[k])
     with tf.Reader(path) as r:
-        at = r.info("c.raw").data_offset + 100
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0xFF]))
+        flip_byte(path, r.info("c.raw").data_offset + 100)
     with pytest.raises(tf.DataLossError, match="'c.raw'"):
         tf.load_file(path, verify=True)
     tf.load_file(path)  # unverified: the views are handed out as they are

@@ -173,13 +173,10 @@ def test_verify_refuses_a_corrupt_file_before_touching_the_model(tmp_path):
     path = str(tmp_path / "m.ferry")
     model = torch.nn.Linear(8, 4)
     tft.save_model(model, path)
+    from test_host_loads import flip_byte
+
     with tf.Reader(path) as r:
-        at = r.info("weight").data_offset + 3
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
+        flip_byte(path, r.info("weight").data_offset + 3)
     other = torch.nn.Linear(8, 4)
     before = {k: v.clone() for k, v in other.state_dict().items()}
     with pytest.raises(tf.DataLossError, match="'weight'"):
