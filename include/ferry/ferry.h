@@ -616,7 +616,7 @@ FERRY_API int ferry_reader_view(const ferry_reader_t* reader, const char* name, 
  * mapping instead of one per tensor (a process may hold only so many mappings). Writes stay in
  * this process and in this view. No checksum is verified: call ferry_reader_verify first where
  * wanted. The tensor keeps the mapping alive until its deleter runs, also after
- * ferry_reader_free. */
+ * ferry_reader_free. FERRY_UNIMPLEMENTED for a reader whose file is not mapped. */
 FERRY_API int ferry_reader_view_file(const ferry_reader_t* reader, DLManagedTensorVersioned** out,
                                      ferry_error_t* error);
 /* Copies (decoding as needed) the whole tensor into host memory `dst` of `dst_size` bytes

@@ -1479,7 +1479,12 @@ int ferry_reader_view_file(const ferry_reader_t* reader, DLManagedTensorVersione
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(out);
     // Private, as in ferry_reader_view: consumers may write whatever the read-only flag says.
-    const ferry::Mapping& file = *ferry::BlocksOf(*reader->reader).mapping();
+    const auto& mapping = ferry::BlocksOf(*reader->reader).mapping();
+    if (!mapping) {
+      return Fail(error, FERRY_UNIMPLEMENTED,
+                  ferry::StrCat(reader->reader->path(), ": not a mapped local file"));
+    }
+    const ferry::Mapping& file = *mapping;
     auto mapped = ferry::PrivateRegion::Map(file, 0, file.size());
     if (!mapped.ok()) return Report(mapped.status(), error);
     ferry::TensorInfo info;

@@ -22,6 +22,7 @@ def mixed_file(path):
         "b.zstd": (np.arange(5000, dtype=np.int64), "zstd"),
         "c.raw": (rng.integers(0, 255, 4099, dtype=np.uint8), "raw"),
         "d.empty": (np.zeros((0, 3), np.float16), "raw"),
+        "f.empty": (np.zeros((4, 0), np.int32), "zstd"),
         "e.shuffled": (np.linspace(0, 1, 3000, dtype=np.float32), "shuffle+zstd"),
     }
     h = ctypes.c_void_p()

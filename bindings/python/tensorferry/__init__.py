@@ -703,9 +703,14 @@ def _host_sources(reader, verify=False, threads=0, on_ready=None):
     dims = np.frombuffer(reader._shapes, "<i8").tolist() if reader._shapes else []
     nbytes = rec["nbytes"].tolist()
     viewed = (rec["encoding"] == 0) & (rec["nbytes"] > 0)
-    if verify or not viewed.any():
+    file = None
+    if viewed.any() and not verify:
+        try:
+            file = _file_bytes(reader)
+        except UnimplementedError:  # a file the library does not map: every tensor is copied
+            pass
+    if file is None:
         viewed[:] = False
-    file = _file_bytes(reader) if viewed.any() else None
     copied = [i for i in range(n) if not viewed[i] and nbytes[i] > 0]
     offsets = rec["data_offset"].tolist() if file is not None else [0] * n
     loader = _host_loader(verify, threads)
@@ -721,8 +726,10 @@ def _host_sources(reader, verify=False, threads=0, on_ready=None):
             total += (nbytes[i] + 255) // 256 * 256
         buf = np.empty(total, np.uint8)
     codes, at, ndims = rec["dtype"].tolist(), rec["shape_at"].tolist(), rec["ndim"].tolist()
+    # Empty tensors have no bytes anywhere (buffer None).
     entries = [(reader._order[i], codes[i], tuple(dims[at[i]:at[i] + ndims[i]]), nbytes[i],
-                file if viewed[i] else buf, offsets[i]) for i in range(n)]
+                file if viewed[i] else buf if nbytes[i] else None, offsets[i])
+               for i in range(n)]
     if on_ready is not None:
         pending = set(copied)
         for i in range(n):
