@@ -32,7 +32,7 @@ def mixed_file(path):
         for name, (a, enc) in tensors.items():
             shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
             _lib.call("ferry_writer_add_tensor", h, name.encode(),
-                      _dtypes.CODES[_dtypes.from_numpy(a.dtype)], shape, a.ndim,
+                      _dtypes.code(_dtypes.from_numpy(a.dtype)), shape, a.ndim,
                       ctypes.c_void_p(a.ctypes.data), a.nbytes, _lib.encoding_code(enc))
         _lib.call("ferry_writer_commit", h)
     finally:

@@ -132,24 +132,6 @@ def test_write_shard_index(tmp_path):
         tfd.write_shard_index(index, ["s1.ferry", "s1.ferry"])
 
 
-def test_a_sharded_save_finds_the_shards_of_the_index_it_replaces(tmp_path):
-    # tensorferry.distributed.save_file deletes the replaced checkpoint's shards by the names
-    # the old index lists (a lookup that once failed silently, leaving every old shard).
-    for r in (1, 2):
-        tf.save_file({"r%d" % r: np.arange(r, dtype=np.int8)},
-                     str(tmp_path / ("m-00000000000000a1-%05d-of-00002.ferry" % r)))
-    index = str(tmp_path / "m.ferry.index.json")
-    tfd.write_shard_index(index, ["m-00000000000000a1-00001-of-00002.ferry",
-                                  "m-00000000000000a1-00002-of-00002.ferry"])
-    assert tfd._indexed_files(index) == {"m-00000000000000a1-00001-of-00002.ferry",
-                                         "m-00000000000000a1-00002-of-00002.ferry"}
-    for text in ("", "[]", '{"weight_map": [1]}', "\xff"):
-        with open(index, "w") as f:
-            f.write(text)
-        assert tfd._indexed_files(index) == set()
-    assert tfd._indexed_files(str(tmp_path / "absent.json")) == set()
-
-
 # ---- torch --------------------------------------------------------------------------------
 
 
