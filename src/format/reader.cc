@@ -1,7 +1,9 @@
 // Host reader: trailer, footer verification, semantic validation, lookups and host reads.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -952,9 +954,43 @@ Status Reader::Verify(std::string_view name) const {
   return blocks_->VerifyTensor(i);
 }
 
+namespace {
+// Below this many stored bytes a verification runs on the calling thread alone.
+constexpr uint64_t kParallelVerifyBytes = uint64_t{64} << 20;
+}  // namespace
+
 Status Reader::VerifyAll() const {
-  for (size_t i = 0; i < blocks_->size(); ++i) FERRY_RETURN_IF_ERROR(blocks_->VerifyTensor(i));
-  return Status::Ok();
+  const BlockSource& b = *blocks_;
+  // Every block, hashed where it lies, spread over threads: hashing is CPU work, and a file
+  // of many gigabytes (load_file's views, load_model, verify_on_open) would otherwise wait
+  // on one core. The error reported is the first in (tensor, block) order, as one thread
+  // would find it.
+  std::vector<std::pair<uint32_t, uint64_t>> units;  // (tensor, block)
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    for (uint64_t k = 0; k < b.NumBlocks(i); ++k) units.emplace_back(static_cast<uint32_t>(i), k);
+    bytes += b.Record(i).data_size;
+  }
+  const size_t threads = bytes < kParallelVerifyBytes
+                             ? 1
+                             : std::clamp<size_t>(std::thread::hardware_concurrency(), 1,
+                                                  std::min<size_t>(16, units.size()));
+  std::atomic<size_t> next{0}, failed_at{units.size()};
+  std::mutex mu;
+  Status failure;
+  RunSlices(threads, [&](size_t) {
+    for (size_t u; (u = next.fetch_add(1)) < units.size();) {
+      if (u > failed_at.load(std::memory_order_relaxed)) return;
+      Status st = b.VerifyBlock(units[u].first, units[u].second);
+      if (st.ok()) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      if (u < failed_at.load()) {
+        failed_at = u;
+        failure = std::move(st);
+      }
+    }
+  });
+  return failure;
 }
 
 }  // namespace ferry

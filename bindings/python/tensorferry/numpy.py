@@ -30,10 +30,12 @@ def save(tensor_dict, metadata=None, **options):
     return _tf._save_bytes(tensor_dict, metadata, **options)
 
 
-def load_file(filename, verify=True):
-    """Every tensor of `filename` as a new writable numpy array. `verify` (default True) checks
-    every block's checksum as it loads; ``verify=False`` opts out."""
-    return _tf.load_file(filename, device="cpu", framework="np", verify=verify)
+def load_file(filename, *, verify=True, threads=0):
+    """Every tensor of `filename` as a writable numpy array (raw ones viewing a private
+    copy-on-write mapping of the file: a write stays in the array; see
+    tensorferry.load_file). `verify` (default True) checks every block's checksum;
+    ``verify=False`` opts out."""
+    return _tf.load_file(filename, device="cpu", framework="np", verify=verify, threads=threads)
 
 
 def load(data):
