@@ -169,7 +169,11 @@ struct LoadStats {
   bool used_register = false;   // the page-cache registration path was taken
   bool used_direct_io = false;  // O_DIRECT reads were used
   bool used_pread = false;      // a one-shot load: resident raw bytes read with pread
-  double seconds = 0;           // wall time of the call
+  int workers = 0;              // copy workers the load ran on
+  double seconds = 0;           // wall time of the call, and within it:
+  double setup_seconds = 0;     //   pinned staging ring and events (device loads)
+  double plan_seconds = 0;      //   resolving the requests and cutting them into pieces
+  double alloc_seconds = 0;     //   destination memory the loader allocated
 };
 
 class FERRY_API Loader {

@@ -593,8 +593,9 @@ int RunBench(const BenchOptions& options) {
   }
   LoadStats stats = loader.last_stats();
   double median = runs.Median(), best = runs.Best();
-  std::printf("load        median %s, best %s (%s per load", Rate(bytes, median).c_str(),
-              Rate(bytes, best).c_str(), HumanBytes(bytes).c_str());
+  std::printf("load        median %s, best %s (%s per load, %d workers",
+              Rate(bytes, median).c_str(), Rate(bytes, best).c_str(), HumanBytes(bytes).c_str(),
+              stats.workers);
   if (gpu) {
     std::printf(", %llu copies, %s pinned, %s", static_cast<unsigned long long>(stats.copies),
                 HumanBytes(stats.pinned_bytes).c_str(),

@@ -463,10 +463,16 @@ class Loader::Impl {
     CUcontext current = nullptr;
     if (Driver().ok) Driver().ctx_get_current(&current);
     FERRY_RETURN_IF_ERROR(PrepareDevice(current));
+    const double setup = SecondsSince(t0);
 
+    auto t_plan = std::chrono::steady_clock::now();
     FERRY_ASSIGN_OR_RETURN(LoadPlan plan, Resolve(source, requests));
+    double planning = SecondsSince(t_plan);
+    auto t_alloc = std::chrono::steady_clock::now();
     std::vector<LoadedTensor> out;
     FERRY_RETURN_IF_ERROR(AllocateDevice(source, plan, cstream, alloc, current, dev, &out));
+    const double allocation = SecondsSince(t_alloc);
+    t_plan = std::chrono::steady_clock::now();
     // Data mostly absent from the page cache is read with O_DIRECT straight into the ring
     // (no page-cache copy, no readahead guesswork); file systems without O_DIRECT (tmpfs)
     // keep the page-cache path.
@@ -478,6 +484,7 @@ class Loader::Impl {
     if (!options.verify && on_ready == nullptr) route.planes_source = &source;
 #endif
     const DevicePlan pieces = PlanDevice(plan, route);
+    planning += SecondsSince(t_plan);
 #ifdef FERRY_HAVE_CUDA_KERNELS
     const uint32_t nplanes = pieces.planes_count();
     if (nplanes > 0) {
@@ -532,6 +539,10 @@ class Loader::Impl {
     stats.used_register = route.from_mapping;
     stats.used_direct_io = route.cold;
     stats.used_pread = pread;
+    stats.workers = active;
+    stats.setup_seconds = setup;
+    stats.plan_seconds = planning;
+    stats.alloc_seconds = allocation;
     stats.seconds = SecondsSince(t0);
     return out;
   }
@@ -543,9 +554,14 @@ class Loader::Impl {
     const BlockSource& source = BlocksOf(reader);
     auto t0 = std::chrono::steady_clock::now();
     FERRY_ASSIGN_OR_RETURN(LoadPlan plan, Resolve(source, requests));
+    const auto t_alloc = std::chrono::steady_clock::now();
     std::vector<LoadedTensor> out;
     FERRY_RETURN_IF_ERROR(AllocateHost(source, plan, &out));
+    const double allocation = SecondsSince(t_alloc);
+    const auto t_pieces = std::chrono::steady_clock::now();
     const std::vector<Piece> pieces = MakePieces(plan, options.slot_bytes, true);
+    const double planning =
+        std::chrono::duration<double>(t_alloc - t0).count() + SecondsSince(t_pieces);
     std::unique_ptr<Handover> handover;
     if (on_ready != nullptr) {
       std::vector<uint32_t> count(plan.res.size(), 0);
@@ -584,6 +600,9 @@ class Loader::Impl {
     stats.used_direct_io = direct.is_open();
     stats.bytes = plan.bytes();
     stats.copies = pieces.size();
+    stats.workers = active;
+    stats.plan_seconds = planning;
+    stats.alloc_seconds = allocation;
     stats.seconds = SecondsSince(t0);
     return out;
   }
