@@ -74,7 +74,12 @@ class RemoteObjectSource : public ByteSource {
   }
   uint64_t preferred_read_bytes() const override { return options_.piece_bytes; }
   int preferred_parallel_reads() const override { return options_.http.max_in_flight; }
-  std::string Describe() const override { return describe_; }
+  std::string Describe() const override {
+    std::string pinned = !etag_.empty()            ? "ETag " + EscapeControl(etag_) + " pinned"
+                         : !last_modified_.empty() ? "Last-Modified pinned"
+                                                   : "nothing to pin";
+    return describe_ + ", " + pinned;
+  }
 
   Status ReadAt(uint64_t offset, uint64_t len, uint8_t* dst) const override {
     ReadRange range{offset, len, dst};
@@ -371,7 +376,7 @@ Status RemoteObjectSource::ReadRanges(std::span<const ReadRange> ranges) const {
 
 std::string Describe(const char* what, const RemoteOptions& options) {
   return StrCat(what, ", ", options.http.max_in_flight, " in flight, ", options.piece_bytes >> 20,
-                " MiB each, ETag pinned");
+                " MiB each");
 }
 
 Result<std::shared_ptr<ByteSource>> Finish(std::shared_ptr<RemoteObjectSource> source) {

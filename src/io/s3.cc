@@ -57,7 +57,7 @@ Result<S3Object> ResolveS3Object(const S3Url& url, const AwsSettings& settings) 
 
 std::string S3RequestUrl(const S3Object& object, const QueryParams& query) {
   std::string url = object.url.ToString();
-  if (!query.empty()) url += "?" + CanonicalQuery(query);
+  if (!query.empty()) url.append("?").append(CanonicalQuery(query));
   return url;
 }
 

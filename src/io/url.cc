@@ -174,13 +174,15 @@ std::string RedactUrl(std::string_view url) {
   if (scheme_end != std::string_view::npos && url.find_first_of("/?#") > scheme_end) {
     out = std::string(url.substr(0, scheme_end + 3));
     rest = url.substr(scheme_end + 3);
+    // User information ends at the last '@' before the query; a password holding an
+    // unencoded '/' would hide it from a parser that stops at the first '/'.
+    std::string_view before_query = rest.substr(0, rest.find_first_of("?#"));
+    size_t at = before_query.rfind('@');
     size_t end = rest.find_first_of("/?#");
-    std::string_view authority = rest.substr(0, end);
-    if (size_t at = authority.rfind('@'); at != std::string_view::npos) {
-      authority = authority.substr(at + 1);
+    if (at != std::string_view::npos &&
+        (at < end || before_query.substr(0, at).find(':') != std::string_view::npos)) {
+      rest = rest.substr(at + 1);
     }
-    out += std::string(authority);
-    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end);
   }
   size_t cut = rest.find_first_of("?#");
   out += std::string(rest.substr(0, cut));
