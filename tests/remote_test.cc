@@ -912,7 +912,7 @@ Status ReadHead(const std::string& url, std::vector<uint8_t>* out) {
   return src->ReadAt(0, out->size(), out->data());
 }
 
-TEST(FaultTest, TransientFaultsAreRetriedTransparently) {
+TEST(RemoteFaultTest, TransientFaultsAreRetriedTransparently) {
   std::vector<uint8_t> expect = DiskBytes("seed/small.bin");
   expect.resize(50000);
   for (const char* kind :
@@ -930,7 +930,7 @@ TEST(FaultTest, TransientFaultsAreRetriedTransparently) {
   }
 }
 
-TEST(FaultTest, PersistentFaultsFailNamingUrlAndOffset) {
+TEST(RemoteFaultTest, PersistentFaultsFailNamingUrlAndOffset) {
   struct Case {
     const char* kind;
     StatusCode code;
@@ -964,7 +964,7 @@ TEST(FaultTest, PersistentFaultsFailNamingUrlAndOffset) {
   }
 }
 
-TEST(FaultTest, ShortBodiesAreResumedWhereTheyStopped) {
+TEST(RemoteFaultTest, ShortBodiesAreResumedWhereTheyStopped) {
   // Each short answer's bytes are kept and the next request asks only for the rest: three
   // short answers and a whole one.
   std::vector<uint8_t> expect = DiskBytes("seed/small.bin");
@@ -984,7 +984,7 @@ TEST(FaultTest, ShortBodiesAreResumedWhereTheyStopped) {
             "\"bytes=43750-49999\"]");
 }
 
-TEST(FaultTest, AnObjectChangedBetweenRequestsIsDataLoss) {
+TEST(RemoteFaultTest, AnObjectChangedBetweenRequestsIsDataLoss) {
   std::string url = FaultUrl("changed", "1");
   std::vector<uint8_t> got;
   EXPECT_EQ(ReadHead(url, &got).ToString(),
@@ -1002,7 +1002,7 @@ TEST(FaultTest, AnObjectChangedBetweenRequestsIsDataLoss) {
       << st.message();
 }
 
-TEST(FaultTest, ServersWithoutRangesOrETags) {
+TEST(RemoteFaultTest, ServersWithoutRangesOrETags) {
   std::string url = FaultUrl("norange", "0");
   EXPECT_EQ(OpenHttpSource(url, FaultOptions()).status().ToString(),
             "Unimplemented: " + url + ": the server ignores Range requests");

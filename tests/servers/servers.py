@@ -160,8 +160,13 @@ http {
     log = open(os.path.join(ndir, "stderr.log"), "w")
     proc = subprocess.Popen([nginx, "-p", ndir, "-c", conf, "-e", os.path.join(ndir, "error.log")],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    wait_port(http_port, proc, "nginx")
-    wait_port(https_port, proc, "nginx")
+    try:
+        wait_port(http_port, proc, "nginx")
+        wait_port(https_port, proc, "nginx")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     return proc, {"http": "http://%s:%d" % (HOST, http_port),
                   "https": "https://%s:%d" % (HOST, https_port)}
 
@@ -183,6 +188,16 @@ def start_moto(d, root):
     log = open(os.path.join(d, "moto.log"), "w")
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+    try:
+        return proc, seed_moto(proc, port, root)
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+
+
+def seed_moto(proc, port, root):
+    """The IAM user and key the tests sign with, the bucket, and the seed objects."""
     wait_port(port, proc, "moto")
     import boto3
     endpoint = "http://%s:%d" % (HOST, port)
@@ -204,9 +219,9 @@ def start_moto(d, root):
                 s3.put_object(Bucket=BUCKET, Key=name, Body=f.read())
             except Exception as e:
                 raise RuntimeError("seeding %r: %s" % (name, e))
-    return proc, {"s3": {"endpoint": endpoint, "region": REGION, "bucket": BUCKET,
-                         "access_key_id": key["AccessKeyId"],
-                         "secret_access_key": key["SecretAccessKey"]}}
+    return {"s3": {"endpoint": endpoint, "region": REGION, "bucket": BUCKET,
+                   "access_key_id": key["AccessKeyId"],
+                   "secret_access_key": key["SecretAccessKey"]}}
 
 
 # ---- the fault server ---------------------------------------------------------------------
