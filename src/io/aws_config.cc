@@ -4,16 +4,17 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
-#include <map>
-#include <sstream>
+#include <utility>
+#include <vector>
 
 #include "base/util.hpp"
 
 namespace ferry {
 namespace {
 
-using Section = std::map<std::string, std::string>;
-using IniFile = std::map<std::string, Section>;
+// "section\nkey" = value, for every setting of a file. Files are small: a linear search
+// keeps std::map instantiations (which libstdc++ gives default visibility) out of the library.
+using IniFile = std::vector<std::pair<std::string, std::string>>;
 
 std::string Trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r");
@@ -26,7 +27,8 @@ std::string Trim(const std::string& s) {
 // settings ("s3 =" followed by indented "key = value" lines) stored as "s3.key".
 IniFile ParseIni(std::istream& in) {
   IniFile out;
-  Section* section = nullptr;
+  std::string section;
+  bool in_section = false;
   std::string parent;  // the key of an open nested block
   std::string line;
   while (std::getline(in, line)) {
@@ -34,22 +36,23 @@ IniFile ParseIni(std::istream& in) {
     if (t.empty() || t[0] == '#' || t[0] == ';') continue;
     if (t[0] == '[') {
       size_t close = t.find(']');
-      section = &out[Trim(t.substr(1, close == std::string::npos ? std::string::npos : close - 1))];
+      section = Trim(t.substr(1, close == std::string::npos ? std::string::npos : close - 1));
+      in_section = true;
       parent.clear();
       continue;
     }
-    if (section == nullptr) continue;
+    if (!in_section) continue;
     size_t eq = t.find('=');
     if (eq == std::string::npos) continue;
     std::string key = Trim(t.substr(0, eq));
     std::string value = Trim(t.substr(eq + 1));
     bool indented = line[0] == ' ' || line[0] == '\t';
     if (indented && !parent.empty()) {
-      (*section)[parent + "." + key] = value;
+      out.emplace_back(section + "\n" + parent + "." + key, value);
       continue;
     }
     parent = value.empty() ? key : "";
-    (*section)[key] = value;
+    out.emplace_back(section + "\n" + key, value);
   }
   return out;
 }
@@ -64,16 +67,30 @@ Result<std::optional<IniFile>> ReadIni(const std::string& path) {
   return std::optional<IniFile>(ParseIni(in));
 }
 
-std::string Get(const Section* s, const std::string& key) {
-  if (s == nullptr) return "";
-  auto it = s->find(key);
-  return it == s->end() ? "" : it->second;
+// One section of a file: null when the file or the section is absent.
+struct Section {
+  const IniFile* file = nullptr;
+  std::string name;
+  explicit operator bool() const { return file != nullptr; }
+};
+
+std::string Get(const Section& s, const std::string& key) {
+  if (!s) return "";
+  std::string full = s.name + "\n" + key;
+  std::string value;
+  for (const auto& [k, v] : *s.file) {
+    if (k == full) value = v;  // the last one wins, as in the AWS CLI
+  }
+  return value;
 }
 
-const Section* Find(const std::optional<IniFile>& file, const std::string& name) {
-  if (!file) return nullptr;
-  auto it = file->find(name);
-  return it == file->end() ? nullptr : &it->second;
+Section Find(const std::optional<IniFile>& file, const std::string& name) {
+  if (!file) return {};
+  std::string prefix = name + "\n";
+  for (const auto& [k, v] : *file) {
+    if (k.compare(0, prefix.size(), prefix) == 0) return Section{&*file, name};
+  }
+  return {};
 }
 
 }  // namespace
@@ -103,9 +120,9 @@ Result<AwsSettings> ResolveAwsSettings(const EnvLookup& env) {
   std::string config_path = home_path(var("AWS_CONFIG_FILE"), "config");
   FERRY_ASSIGN_OR_RETURN(std::optional<IniFile> creds_file, ReadIni(cred_path));
   FERRY_ASSIGN_OR_RETURN(std::optional<IniFile> config_file, ReadIni(config_path));
-  const Section* cred = Find(creds_file, out.profile);
-  const Section* conf = Find(config_file, "profile " + out.profile);
-  if (conf == nullptr && out.profile == "default") conf = Find(config_file, "default");
+  Section cred = Find(creds_file, out.profile);
+  Section conf = Find(config_file, "profile " + out.profile);
+  if (!conf && out.profile == "default") conf = Find(config_file, "default");
 
   AwsCredentials env_keys{var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"),
                           var("AWS_SESSION_TOKEN")};
@@ -122,7 +139,7 @@ Result<AwsSettings> ResolveAwsSettings(const EnvLookup& env) {
              !c.empty()) {
     out.credentials = c;
     out.credentials_source = "config file";
-  } else if (out.profile != "default" && cred == nullptr && conf == nullptr) {
+  } else if (out.profile != "default" && !cred && !conf) {
     return Error(StatusCode::kNotFound, "AWS profile '", out.profile,
                  "' (AWS_PROFILE) is in neither ", cred_path, " nor ", config_path);
   }

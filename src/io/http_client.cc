@@ -87,7 +87,7 @@ struct HttpClient::Impl {
   std::deque<Slot*> waiting;
   std::vector<Slot*> active;
   std::vector<CURL*> idle_easy;
-  std::mt19937_64 rng{std::random_device{}()};
+  uint64_t rng = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
 
   ~Impl() {
     for (CURL* e : idle_easy) curl_easy_cleanup(e);
@@ -279,8 +279,13 @@ struct HttpClient::Impl {
   std::chrono::milliseconds Backoff(int attempt, const HttpResponse& head) {
     double d = std::min<double>(options.backoff_max_ms,
                                 options.backoff_initial_ms * std::pow(2.0, attempt));
-    std::uniform_real_distribution<double> jitter(d / 2, d);
-    double ms = jitter(rng);
+    // splitmix64: jitter needs no quality, and std's engines would be exported from the
+    // library (libstdc++ gives their instantiations default visibility).
+    uint64_t z = (rng += 0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+    z ^= z >> 31;
+    double ms = d / 2 + (d / 2) * (static_cast<double>(z >> 11) / 9007199254740992.0);
     if (const std::string* ra = head.Header("retry-after")) {
       char* end = nullptr;
       double secs = std::strtod(ra->c_str(), &end);
