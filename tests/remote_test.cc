@@ -964,6 +964,28 @@ TEST(RemoteFaultTest, PersistentFaultsFailNamingUrlAndOffset) {
   }
 }
 
+TEST(RemoteFaultTest, AFailedPieceAbandonsTheRestOfItsBatch) {
+  // Six pieces in flight at once; every one fails for good, the first error is returned and
+  // the others are abandoned (then the source still serves other reads).
+  RemoteOptions o = FaultOptions();
+  o.piece_bytes = 16000;
+  o.http.max_in_flight = 3;
+  std::string url = FaultUrl("status500", "1000");
+  auto src = OpenHttpSource(url, o);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  std::vector<uint8_t> buf(96000);
+  Status st = (*src)->ReadAt(0, buf.size(), buf.data());
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_EQ(st.message().rfind(url + " at offset ", 0), 0u) << st.message();
+  EXPECT_NE(st.message().find(" (16000 bytes): HTTP 500 Injected (gave up after 4 attempts)"),
+            std::string::npos)
+      << st.message();
+  // The tail needs no request.
+  std::vector<uint8_t> expect = DiskBytes("seed/small.bin");
+  ASSERT_TRUE((*src)->ReadAt(99000, 1000, buf.data()).ok());
+  EXPECT_EQ(0, memcmp(buf.data(), expect.data() + 99000, 1000));
+}
+
 TEST(RemoteFaultTest, ShortBodiesAreResumedWhereTheyStopped) {
   // Each short answer's bytes are kept and the next request asks only for the rest: three
   // short answers and a whole one.

@@ -361,10 +361,11 @@ struct HttpClient::Impl {
       int left = 0;
       while (CURLMsg* msg = curl_multi_info_read(multi, &left)) {
         if (msg->msg != CURLMSG_DONE) continue;
-        Slot* s = nullptr;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &s);
-        // A slot released by its batch's failure earlier in this pass has no handle left.
-        if (s != nullptr && s->easy == msg->easy_handle) EndAttempt(s, msg->data.result);
+        // Only a handle still attached counts: one released by its batch's failure earlier in
+        // this pass belonged to a slot that may be gone.
+        auto it = std::find_if(active.begin(), active.end(),
+                               [&](const Slot* a) { return a->easy == msg->easy_handle; });
+        if (it != active.end()) EndAttempt(*it, msg->data.result);
       }
       long timeout_ms = -1;
       curl_multi_timeout(multi, &timeout_ms);
