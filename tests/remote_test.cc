@@ -1064,6 +1064,14 @@ Status Upload(const std::string& url, const std::vector<uint8_t>& bytes) {
   return sink->Commit();
 }
 
+// An object at a fresh key of this test, holding `previous`; its URL.
+std::string PutPrevious(const std::vector<uint8_t>& previous) {
+  std::string url = S3Url("sink/" + TestName());
+  Status st = Upload(url, previous);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return url;
+}
+
 std::vector<uint8_t> Download(const std::string& url) {
   auto src = OpenS3Source(url, MotoSettings(), {});
   if (!src.ok()) {
@@ -1100,9 +1108,8 @@ TEST(S3SinkTest, MultipartAndSinglePutRoundTrip) {
 
 TEST(S3SinkTest, AbortedOrAbandonedUploadsLeaveThePreviousObject) {
   REQUIRE_SERVER("moto");
-  std::string url = S3Url("sink/" + TestName());
   std::vector<uint8_t> v1 = Pattern(300000, 1);
-  ASSERT_TRUE(Upload(url, v1).ok());
+  std::string url = PutPrevious(v1);
   std::vector<uint8_t> v2 = Pattern(12 << 20, 2);
   {
     auto sink = OpenS3Sink(url, MotoSettings(), FiveMiBParts());
@@ -1121,9 +1128,8 @@ TEST(S3SinkTest, AbortedOrAbandonedUploadsLeaveThePreviousObject) {
 
 TEST(S3SinkTest, AKilledSaveLeavesThePreviousObject) {
   REQUIRE_SERVER("moto");
-  std::string url = S3Url("sink/" + TestName());
   std::vector<uint8_t> v1 = Pattern(200000, 1);
-  ASSERT_TRUE(Upload(url, v1).ok());
+  std::string url = PutPrevious(v1);
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -1143,9 +1149,8 @@ TEST(S3SinkTest, AKilledSaveLeavesThePreviousObject) {
 
 TEST(S3SinkTest, AFailedUploadReportsAndKeepsThePreviousObject) {
   REQUIRE_SERVER("moto");
-  std::string url = S3Url("sink/" + TestName());
   std::vector<uint8_t> v1 = Pattern(1000, 1);
-  ASSERT_TRUE(Upload(url, v1).ok());
+  std::string url = PutPrevious(v1);
   AwsSettings wrong = MotoSettings();
   wrong.credentials.secret_access_key = "WrongSecretDoNotPrint";
   auto sink = OpenS3Sink(url, wrong, FiveMiBParts());

@@ -48,7 +48,7 @@ bool ParseContentRange(const std::string* header, uint64_t* first, uint64_t* las
 }
 
 std::string Shown(const std::string* header) {
-  return header == nullptr ? "none" : "\"" + EscapeControl(header->substr(0, 200)) + "\"";
+  return header == nullptr ? "none" : "\"" + EscapeBytes(header->substr(0, 200)) + "\"";
 }
 
 // Signs or otherwise completes a request (S3: Host, x-amz-*, Authorization).
@@ -75,7 +75,7 @@ class RemoteObjectSource : public ByteSource {
   uint64_t preferred_read_bytes() const override { return options_.piece_bytes; }
   int preferred_parallel_reads() const override { return options_.http.max_in_flight; }
   std::string Describe() const override {
-    std::string pinned = !etag_.empty()            ? "ETag " + EscapeControl(etag_) + " pinned"
+    std::string pinned = !etag_.empty()            ? "ETag " + EscapeBytes(etag_) + " pinned"
                          : !last_modified_.empty() ? "Last-Modified pinned"
                                                    : "nothing to pin";
     return describe_ + ", " + pinned;
@@ -134,17 +134,50 @@ class RemoteObjectSource : public ByteSource {
   std::vector<uint8_t> tail_;
 };
 
+// What the range and opening calls share: a verdict reached while the response arrives, and
+// the (bounded) body of an error response, kept for its <Code>.
+class CheckedCall : public HttpCall {
+ protected:
+  void Reset() {
+    verdict_.reset();
+    accept_ = false;
+    error_body_.clear();
+  }
+  bool Stop(HttpOutcome outcome) {
+    verdict_ = std::move(outcome);
+    return false;
+  }
+  void KeepErrorBody(const uint8_t* data, size_t size) {
+    size_t room = kMaxErrorBody - std::min(kMaxErrorBody, error_body_.size());
+    error_body_.append(reinterpret_cast<const char*>(data), std::min(size, room));
+  }
+  // The outcome of an attempt, given the bytes the accepted body brought.
+  HttpOutcome Settle(const std::string& where, const HttpResponse& head,
+                     const HttpTransfer& transfer, uint64_t got, uint64_t want) {
+    if (verdict_) return *verdict_;
+    if (transfer.curl_code != 0) return TransportOutcome(where, transfer);
+    if (!accept_) return StatusOutcome(where, head, error_body_);
+    if (got < want) {
+      return HttpOutcome::Retry(Error(StatusCode::kIoError, where, ": the response ended after ",
+                                      got, " of ", want, " bytes"));
+    }
+    return HttpOutcome::Done();
+  }
+
+  bool accept_ = false;  // the body is the data asked for (else an error response's)
+  std::optional<HttpOutcome> verdict_;
+  std::string error_body_;
+};
+
 // One range GET of [offset, offset + len) into dst, resumed after a failed attempt from the
 // first byte not yet received.
-class RemoteObjectSource::RangeCall : public HttpCall {
+class RemoteObjectSource::RangeCall : public CheckedCall {
  public:
   RangeCall(const RemoteObjectSource* src, uint64_t offset, uint64_t len, uint8_t* dst)
       : src_(src), offset_(offset), len_(len), dst_(dst) {}
 
   Status Prepare(int, HttpRequest* request) override {
-    verdict_.reset();
-    accept_ = false;
-    error_body_.clear();
+    Reset();
     request->url = src_->url_;
     request->headers.push_back(StrCat("Range: bytes=", offset_ + done_, "-", offset_ + len_ - 1));
     src_->AddConditions(&request->headers);
@@ -198,9 +231,7 @@ class RemoteObjectSource::RangeCall : public HttpCall {
 
   bool OnBody(const uint8_t* data, size_t size) override {
     if (!accept_) {
-      error_body_.append(
-          reinterpret_cast<const char*>(data),
-          std::min(size, kMaxErrorBody - std::min(kMaxErrorBody, error_body_.size())));
+      KeepErrorBody(data, size);
       return true;
     }
     if (size > len_ - done_) {
@@ -213,23 +244,12 @@ class RemoteObjectSource::RangeCall : public HttpCall {
   }
 
   HttpOutcome Finish(const HttpResponse& head, const HttpTransfer& transfer) override {
-    if (verdict_) return *verdict_;
-    if (transfer.curl_code != 0) return TransportOutcome(Where(), transfer);
-    if (!accept_) return StatusOutcome(Where(), head, error_body_);
-    if (done_ < len_) {
-      return HttpOutcome::Retry(Error(StatusCode::kIoError, Where(), ": the response ended after ",
-                                      done_, " of ", len_, " bytes"));
-    }
-    return HttpOutcome::Done();
+    return Settle(Where(), head, transfer, done_, len_);
   }
 
  private:
   std::string Where() const {
     return StrCat(src_->name_, " at offset ", offset_, " (", len_, " bytes)");
-  }
-  bool Stop(HttpOutcome outcome) {
-    verdict_ = std::move(outcome);
-    return false;
   }
 
   const RemoteObjectSource* src_;
@@ -237,20 +257,15 @@ class RemoteObjectSource::RangeCall : public HttpCall {
   uint64_t len_;
   uint8_t* dst_;
   uint64_t done_ = 0;
-  bool accept_ = false;
-  std::optional<HttpOutcome> verdict_;
-  std::string error_body_;
 };
 
 // The opening suffix-range GET: the last tail_bytes, the size and the validators.
-class RemoteObjectSource::ProbeCall : public HttpCall {
+class RemoteObjectSource::ProbeCall : public CheckedCall {
  public:
   explicit ProbeCall(RemoteObjectSource* src) : src_(src) {}
 
   Status Prepare(int, HttpRequest* request) override {
-    verdict_.reset();
-    accept_ = false;
-    error_body_.clear();
+    Reset();
     src_->tail_.clear();
     request->url = src_->url_;
     request->headers.push_back(StrCat("Range: bytes=-", src_->options_.tail_bytes));
@@ -307,9 +322,7 @@ class RemoteObjectSource::ProbeCall : public HttpCall {
 
   bool OnBody(const uint8_t* data, size_t size) override {
     if (!accept_) {
-      error_body_.append(
-          reinterpret_cast<const char*>(data),
-          std::min(size, kMaxErrorBody - std::min(kMaxErrorBody, error_body_.size())));
+      KeepErrorBody(data, size);
       return true;
     }
     if (size > expect_ - src_->tail_.size()) {
@@ -321,28 +334,12 @@ class RemoteObjectSource::ProbeCall : public HttpCall {
   }
 
   HttpOutcome Finish(const HttpResponse& head, const HttpTransfer& transfer) override {
-    if (verdict_) return *verdict_;
-    if (transfer.curl_code != 0) return TransportOutcome(src_->name_, transfer);
-    if (!accept_) return StatusOutcome(src_->name_, head, error_body_);
-    if (src_->tail_.size() < expect_) {
-      return HttpOutcome::Retry(Error(StatusCode::kIoError, src_->name_,
-                                      ": the response ended after ", src_->tail_.size(), " of ",
-                                      expect_, " bytes"));
-    }
-    return HttpOutcome::Done();
+    return Settle(src_->name_, head, transfer, src_->tail_.size(), expect_);
   }
 
  private:
-  bool Stop(HttpOutcome outcome) {
-    verdict_ = std::move(outcome);
-    return false;
-  }
-
   RemoteObjectSource* src_;
   uint64_t expect_ = 0;
-  bool accept_ = false;
-  std::optional<HttpOutcome> verdict_;
-  std::string error_body_;
 };
 
 Status RemoteObjectSource::Probe() {

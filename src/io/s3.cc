@@ -13,7 +13,7 @@
 
 namespace ferry {
 
-std::string S3Object::Name() const { return "s3://" + bucket + "/" + EscapeControl(key); }
+std::string S3Object::Name() const { return "s3://" + bucket + "/" + EscapeBytes(key); }
 
 Result<S3Object> ResolveS3Object(const S3Url& url, const AwsSettings& settings) {
   S3Object out;

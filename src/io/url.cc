@@ -19,25 +19,6 @@ bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
   return true;
 }
 
-}  // namespace
-
-std::string EscapeControl(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) {
-      static const char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
-namespace {
-
 int DefaultPort(const std::string& scheme) { return scheme == "https" ? 443 : 80; }
 
 }  // namespace
@@ -187,7 +168,7 @@ std::string RedactUrl(std::string_view url) {
   size_t cut = rest.find_first_of("?#");
   out += std::string(rest.substr(0, cut));
   if (cut != std::string_view::npos && rest[cut] == '?') out += "?<query redacted>";
-  return EscapeControl(out);
+  return EscapeBytes(out);
 }
 
 }  // namespace ferry

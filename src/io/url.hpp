@@ -50,9 +50,6 @@ bool IsIpOrLocalhost(std::string_view host);
 // kept, every other byte as %XX in upper-case hex; '/' kept when keep_slash.
 std::string UriEncode(std::string_view s, bool keep_slash);
 
-// Control bytes (< 0x20, 0x7f) as \xNN, so a hostile name cannot forge log lines.
-std::string EscapeControl(std::string_view s);
-
 // The URL as messages may print it: no user information, and no query string (presigned
 // URLs carry signatures and tokens there). Never fails: text that does not parse is cut at
 // its first '?' and '@'-prefixed authority.
