@@ -137,7 +137,26 @@ class RemoteObjectSource : public ByteSource {
 // What the range and opening calls share: a verdict reached while the response arrives, and
 // the (bounded) body of an error response, kept for its <Code>.
 class CheckedCall : public HttpCall {
+ public:
+  bool OnBody(const uint8_t* data, size_t size) final {
+    if (!accept_) {
+      KeepErrorBody(data, size);
+      return true;
+    }
+    if (size > Room()) {
+      return Stop(HttpOutcome::Fail(
+          Error(StatusCode::kDataLoss, Where(), ": the server sent more than the bytes asked")));
+    }
+    Take(data, size);
+    return true;
+  }
+
  protected:
+  // Where messages say the call was; how many body bytes it still expects; taking them.
+  virtual std::string Where() const = 0;
+  virtual uint64_t Room() const = 0;
+  virtual void Take(const uint8_t* data, size_t size) = 0;
+
   void Reset() {
     verdict_.reset();
     accept_ = false;
@@ -152,8 +171,9 @@ class CheckedCall : public HttpCall {
     error_body_.append(reinterpret_cast<const char*>(data), std::min(size, room));
   }
   // The outcome of an attempt, given the bytes the accepted body brought.
-  HttpOutcome Settle(const std::string& where, const HttpResponse& head,
-                     const HttpTransfer& transfer, uint64_t got, uint64_t want) {
+  HttpOutcome Settle(const HttpResponse& head, const HttpTransfer& transfer, uint64_t got,
+                     uint64_t want) {
+    std::string where = Where();
     if (verdict_) return *verdict_;
     if (transfer.curl_code != 0) return TransportOutcome(where, transfer);
     if (!accept_) return StatusOutcome(where, head, error_body_);
@@ -229,27 +249,18 @@ class RemoteObjectSource::RangeCall : public CheckedCall {
     return true;
   }
 
-  bool OnBody(const uint8_t* data, size_t size) override {
-    if (!accept_) {
-      KeepErrorBody(data, size);
-      return true;
-    }
-    if (size > len_ - done_) {
-      return Stop(HttpOutcome::Fail(
-          Error(StatusCode::kDataLoss, Where(), ": the server sent more than the bytes asked")));
-    }
-    std::memcpy(dst_ + done_, data, size);
-    done_ += size;
-    return true;
-  }
-
   HttpOutcome Finish(const HttpResponse& head, const HttpTransfer& transfer) override {
-    return Settle(Where(), head, transfer, done_, len_);
+    return Settle(head, transfer, done_, len_);
   }
 
  private:
-  std::string Where() const {
+  std::string Where() const override {
     return StrCat(src_->name_, " at offset ", offset_, " (", len_, " bytes)");
+  }
+  uint64_t Room() const override { return len_ - done_; }
+  void Take(const uint8_t* data, size_t size) override {
+    std::memcpy(dst_ + done_, data, size);
+    done_ += size;
   }
 
   const RemoteObjectSource* src_;
@@ -320,24 +331,17 @@ class RemoteObjectSource::ProbeCall : public CheckedCall {
     return true;
   }
 
-  bool OnBody(const uint8_t* data, size_t size) override {
-    if (!accept_) {
-      KeepErrorBody(data, size);
-      return true;
-    }
-    if (size > expect_ - src_->tail_.size()) {
-      return Stop(HttpOutcome::Fail(Error(StatusCode::kDataLoss, src_->name_,
-                                          ": the server sent more than the bytes asked")));
-    }
-    src_->tail_.insert(src_->tail_.end(), data, data + size);
-    return true;
-  }
-
   HttpOutcome Finish(const HttpResponse& head, const HttpTransfer& transfer) override {
-    return Settle(src_->name_, head, transfer, src_->tail_.size(), expect_);
+    return Settle(head, transfer, src_->tail_.size(), expect_);
   }
 
  private:
+  std::string Where() const override { return src_->name_; }
+  uint64_t Room() const override { return expect_ - src_->tail_.size(); }
+  void Take(const uint8_t* data, size_t size) override {
+    src_->tail_.insert(src_->tail_.end(), data, data + size);
+  }
+
   RemoteObjectSource* src_;
   uint64_t expect_ = 0;
 };
