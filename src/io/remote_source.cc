@@ -451,7 +451,10 @@ Result<std::shared_ptr<ByteSource>> OpenRemoteSource(const std::string& url,
   EnvLookup env = ProcessEnvironment();
   if (url.rfind("s3://", 0) == 0) {
     FERRY_ASSIGN_OR_RETURN(AwsSettings settings, ResolveAwsSettings(env));
-    return OpenS3Source(url, settings, RemoteOptions());
+    // AWS_CA_BUNDLE (in the settings) first, then the variables curl users set.
+    RemoteOptions opts = DefaultRemoteOptions(env);
+    if (!settings.ca_bundle.empty()) opts.http.ca_bundle = settings.ca_bundle;
+    return OpenS3Source(url, settings, opts);
   }
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
     return OpenHttpSource(url, DefaultRemoteOptions(env));
