@@ -1,14 +1,14 @@
-// Builds without libcurl (FERRY_REMOTE=OFF) read local files only.
+// OpenRemoteSource for builds without an HTTP client (src/io/remote.hpp).
 #include "base/util.hpp"
 #include "io/remote.hpp"
-#include "io/url.hpp"
 
 namespace ferry {
 
-Result<std::shared_ptr<ByteSource>> OpenRemoteSource(const std::string& url, const SourceOptions&) {
-  return Error(StatusCode::kUnimplemented, RedactUrl(url),
-               ": this build of TensorFerry reads local files only (built with "
-               "FERRY_REMOTE=OFF, without libcurl)");
+Result<std::shared_ptr<ByteSource>> OpenRemoteSource(const std::string& url,
+                                                     const SourceOptions& options) {
+  (void)options;
+  return Error(StatusCode::kUnimplemented, PrintableUrl(url),
+               ": this build of TensorFerry reads no remote storage (built without libcurl)");
 }
 
 }  // namespace ferry

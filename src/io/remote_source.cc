@@ -2,6 +2,7 @@
 #include "io/remote_source.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <ctime>
 #include <functional>
@@ -411,12 +412,12 @@ Result<std::shared_ptr<ByteSource>> OpenHttpSource(const std::string& url,
   FERRY_RETURN_IF_ERROR(CheckOptions(options));
   FERRY_ASSIGN_OR_RETURN(HttpUrl parsed, ParseHttpUrl(url));
   if (parsed.has_userinfo) {
-    return Error(StatusCode::kInvalidArgument, RedactUrl(url),
+    return Error(StatusCode::kInvalidArgument, PrintableUrl(url),
                  ": user information in URLs is not supported (credentials would be logged)");
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<HttpClient> client, HttpClient::Create(options.http));
   return Finish(std::make_shared<RemoteObjectSource>(
-      RedactUrl(url), parsed.ToString(), Authorizer(), std::move(client), options,
+      PrintableUrl(url), parsed.ToString(), Authorizer(), std::move(client), options,
       Describe(parsed.scheme == "https" ? "HTTPS range GETs" : "HTTP range GETs", options)));
 }
 
@@ -449,18 +450,16 @@ Result<std::shared_ptr<ByteSource>> OpenRemoteSource(const std::string& url,
                                                      const SourceOptions& options) {
   (void)options;
   EnvLookup env = ProcessEnvironment();
-  if (url.rfind("s3://", 0) == 0) {
+  std::string scheme = url.substr(0, 5);
+  for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (scheme == "s3://") {
     FERRY_ASSIGN_OR_RETURN(AwsSettings settings, ResolveAwsSettings(env));
     // AWS_CA_BUNDLE (in the settings) first, then the variables curl users set.
     RemoteOptions opts = DefaultRemoteOptions(env);
     if (!settings.ca_bundle.empty()) opts.http.ca_bundle = settings.ca_bundle;
     return OpenS3Source(url, settings, opts);
   }
-  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
-    return OpenHttpSource(url, DefaultRemoteOptions(env));
-  }
-  return Error(StatusCode::kInvalidArgument, RedactUrl(url),
-               ": not a remote URL (http://, https:// or s3://)");
+  return OpenHttpSource(url, DefaultRemoteOptions(env));
 }
 
 }  // namespace ferry

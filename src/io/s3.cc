@@ -24,7 +24,7 @@ Result<S3Object> ResolveS3Object(const S3Url& url, const AwsSettings& settings) 
                              : settings.endpoint;
   Result<HttpUrl> base = ParseHttpUrl(endpoint);
   if (!base.ok()) {
-    return Error(StatusCode::kInvalidArgument, "the S3 endpoint ", RedactUrl(endpoint),
+    return Error(StatusCode::kInvalidArgument, "the S3 endpoint ", PrintableUrl(endpoint),
                  " is not an http(s) URL");
   }
   out.url = *base;
@@ -424,7 +424,7 @@ Result<std::unique_ptr<RemoteSink>> OpenS3Sink(const std::string& url, const Aws
 
 Result<std::unique_ptr<RemoteSink>> OpenRemoteSink(const std::string& url) {
   if (url.rfind("s3://", 0) != 0) {
-    return Error(StatusCode::kInvalidArgument, RedactUrl(url),
+    return Error(StatusCode::kInvalidArgument, PrintableUrl(url),
                  ": only s3:// destinations take uploads");
   }
   FERRY_ASSIGN_OR_RETURN(AwsSettings settings, ResolveAwsSettings(ProcessEnvironment()));

@@ -44,7 +44,8 @@ std::string HttpUrl::ToString() const {
 
 Result<HttpUrl> ParseHttpUrl(std::string_view url) {
   auto bad = [&](const char* why) {
-    return Error(StatusCode::kInvalidArgument, RedactUrl(url), ": not a usable URL (", why, ")");
+    return Error(StatusCode::kInvalidArgument, PrintableUrl(std::string(url)),
+                 ": not a usable URL (", why, ")");
   };
   HttpUrl out;
   std::string_view rest;
@@ -104,8 +105,8 @@ Result<HttpUrl> ParseHttpUrl(std::string_view url) {
 
 Result<S3Url> ParseS3Url(std::string_view url) {
   auto bad = [&](const char* why) {
-    return Error(StatusCode::kInvalidArgument, RedactUrl(url), ": not a usable S3 URL (", why,
-                 "; expected s3://bucket/key)");
+    return Error(StatusCode::kInvalidArgument, PrintableUrl(std::string(url)),
+                 ": not a usable S3 URL (", why, "; expected s3://bucket/key)");
   };
   if (!StartsWithNoCase(url, "s3://")) return bad("the scheme is not s3://");
   std::string_view rest = url.substr(5);
@@ -148,7 +149,8 @@ std::string UriEncode(std::string_view s, bool keep_slash) {
   return out;
 }
 
-std::string RedactUrl(std::string_view url) {
+std::string PrintableUrl(const std::string& url_text) {
+  std::string_view url = url_text;
   size_t scheme_end = url.find("://");
   std::string out;
   std::string_view rest = url;
@@ -167,7 +169,6 @@ std::string RedactUrl(std::string_view url) {
   }
   size_t cut = rest.find_first_of("?#");
   out += std::string(rest.substr(0, cut));
-  if (cut != std::string_view::npos && rest[cut] == '?') out += "?<query redacted>";
   return EscapeBytes(out);
 }
 

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "ferry/status.hpp"
+#include "io/source.hpp"
 
 namespace ferry {
 
@@ -50,10 +51,8 @@ bool IsIpOrLocalhost(std::string_view host);
 // kept, every other byte as %XX in upper-case hex; '/' kept when keep_slash.
 std::string UriEncode(std::string_view s, bool keep_slash);
 
-// The URL as messages may print it: no user information, and no query string (presigned
-// URLs carry signatures and tokens there). Never fails: text that does not parse is cut at
-// its first '?' and '@'-prefixed authority.
-std::string RedactUrl(std::string_view url);
+// PrintableUrl (source.hpp) is the URL as messages print it: no user information, query
+// string or fragment, control bytes escaped; defined in url.cc.
 
 }  // namespace ferry
 
