@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "base/util.hpp"
+#include "ferry/ferry.hpp"
 #include "gtest/gtest.h"
 #include "io/aws_config.hpp"
 #include "io/http_client.hpp"
@@ -31,6 +32,7 @@
 #include "io/s3.hpp"
 #include "io/sigv4.hpp"
 #include "io/url.hpp"
+#include "test_util.hpp"
 
 extern char** environ;
 
@@ -1173,6 +1175,54 @@ TEST(S3SinkTest, AFailedUploadReportsAndKeepsThePreviousObject) {
                 "at least 1");
   EXPECT_EQ(OpenRemoteSink("http://h/x").status().ToString(),
             "InvalidArgument: http://h/x: only s3:// destinations take uploads");
+}
+
+// ---- checkpoints through the public reader --------------------------------------------------
+
+// A checkpoint of every encoding over many 64 KiB blocks, written locally, put where nginx
+// serves it and into the bucket, then read back through Reader::Open of both URLs with
+// checksums verified.
+TEST(RemoteReaderTest, CheckpointsReadOverHttpAndS3AsFromAFile) {
+  REQUIRE_SERVER("nginx");
+  REQUIRE_SERVER("moto");
+  std::string name = "ckpt/" + std::to_string(getpid()) + ".ferry";
+  std::string path = Info("root") + "/" + name;
+  fs::create_directories(fs::path(path).parent_path());
+  std::map<std::string, std::vector<uint8_t>> expected;
+  {
+    WriterOptions wo;
+    wo.block_size = 64 << 10;
+    auto w = Writer::Create(path, wo);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    uint64_t seed = 1;
+    for (Encoding enc :
+         {Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd, Encoding::kPlanes}) {
+      for (DType dtype : {DType::kBF16, DType::kF32}) {
+        ASSERT_TRUE(testing::AddTestTensor(*w, StrCat(EncodingName(enc), "/", DTypeName(dtype)),
+                                           dtype, {400, 257}, enc, seed++, &expected)
+                        .ok());
+      }
+    }
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  std::vector<uint8_t> file = DiskBytes(name);
+  ASSERT_TRUE(Upload(S3Url(name), file).ok());
+  AwsSettings aws = MotoSettings();
+  ScopedEnv env;
+  env.Set("HOME", "/nonexistent");
+  env.Set("AWS_ACCESS_KEY_ID", aws.credentials.access_key_id);
+  env.Set("AWS_SECRET_ACCESS_KEY", aws.credentials.secret_access_key);
+  env.Set("AWS_ENDPOINT_URL_S3", aws.endpoint);
+  for (const std::string& url : {Info("http") + "/" + name, S3Url(name)}) {
+    auto reader = Reader::Open(url);
+    ASSERT_TRUE(reader.ok()) << url << ": " << reader.status().ToString();
+    for (const auto& [tensor, bytes] : expected) {
+      std::vector<uint8_t> got(bytes.size());
+      Status st = (*reader)->ReadInto(tensor, got.data(), got.size(), {true});
+      ASSERT_TRUE(st.ok()) << url << " " << tensor << ": " << st.ToString();
+      EXPECT_TRUE(got == bytes) << url << " " << tensor;
+    }
+  }
 }
 
 // ---- redaction -----------------------------------------------------------------------------
