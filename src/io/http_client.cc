@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -279,8 +278,10 @@ struct HttpClient::Impl {
   }
 
   std::chrono::milliseconds Backoff(int attempt, const HttpResponse& head) {
+    // Doubling by shifts: no libm for programs that link the static library from C.
     double d = std::min<double>(options.backoff_max_ms,
-                                options.backoff_initial_ms * std::pow(2.0, attempt));
+                                static_cast<double>(options.backoff_initial_ms) *
+                                    static_cast<double>(uint64_t{1} << std::min(attempt, 30)));
     // splitmix64: jitter needs no quality, and std's engines would be exported from the
     // library (libstdc++ gives their instantiations default visibility).
     uint64_t z = (rng += 0x9e3779b97f4a7c15);
