@@ -217,6 +217,7 @@ class FERRY_API Loader {
   class Impl;
 
  private:
+  friend struct LoaderInternals;  // the library's own benchmarks and tests (not public API)
   explicit Loader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

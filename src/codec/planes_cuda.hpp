@@ -32,6 +32,11 @@ struct DeviceJob {
 // failures and misaligned inputs. Thread-safe.
 Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream_t stream);
 
+// Loads the decode kernel on the current device and sets its shared-memory limit, which the
+// first DecodeOnDevice on a device does otherwise (under lazy module loading, the kernel's
+// module is loaded then). Idempotent per device; thread-safe.
+Status PrepareDevice();
+
 // "unit U of plane K: <what>" for a nonzero device error value.
 std::string DeviceErrorText(uint32_t code);
 
