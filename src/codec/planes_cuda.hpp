@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "ferry/status.hpp"
 #include "codec/planes.hpp"
+#include "ferry/status.hpp"
 
 namespace ferry::planes {
 

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "codec/planes_cuda.hpp"
 #include "base/util.hpp"
+#include "codec/planes_cuda.hpp"
 
 namespace ferry::planes {
 namespace {

@@ -45,8 +45,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Pieces per request, for the hand-over of streaming loads.
@@ -278,8 +277,7 @@ Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
     job.first_fill.store(SteadySeconds(), std::memory_order_relaxed);
   }
   job.copies.fetch_add(1, std::memory_order_relaxed);
-  return job.planes->Enqueue(k - job.planes_batch0, slot, used, blocks, job.stream,
-                             source.path());
+  return job.planes->Enqueue(k - job.planes_batch0, slot, used, blocks, job.stream, source.path());
 }
 
 // A corrupt unit, or raw bytes that differ from what was saved, show up only once the device

@@ -13,8 +13,7 @@ namespace ferry {
 namespace {
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -190,7 +189,8 @@ Status PlanesStage::Launch(size_t g, cudaStream_t stream, const std::string& whe
   FERRY_CUDA_RETURN(cudaStreamWaitEvent(stream, copied_[gs], 0), where);
   std::vector<planes::DeviceJob> jobs;
   const uint32_t first = arrived_[gs][0].first;
-  for (const Arrived& batch : arrived_[gs]) jobs.insert(jobs.end(), batch.jobs.begin(), batch.jobs.end());
+  for (const Arrived& batch : arrived_[gs])
+    jobs.insert(jobs.end(), batch.jobs.begin(), batch.jobs.end());
   if (first_launch_.load(std::memory_order_relaxed) == 0) {
     first_launch_.store(NowSeconds(), std::memory_order_relaxed);
   }
@@ -198,8 +198,8 @@ Status PlanesStage::Launch(size_t g, cudaStream_t stream, const std::string& whe
   Status st =
       planes::DecodeOnDevice(jobs.data(), static_cast<int>(jobs.size()), errors_ + first, stream);
   if (st.ok() && verify_ && shape_.verify_each_group) {
-    st = VerifyOnDevice(host_table_ + first, static_cast<int>(jobs.size()), errors_ + first,
-                        stream);
+    st =
+        VerifyOnDevice(host_table_ + first, static_cast<int>(jobs.size()), errors_ + first, stream);
   }
   if (!st.ok()) return Error(st.code(), where, ": ", st.message());
   FERRY_CUDA_RETURN(cudaEventRecord(decoded_[gs], stream), where);
