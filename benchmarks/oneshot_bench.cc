@@ -306,7 +306,7 @@ void ChildCeiling(const Spec& spec, const std::string& path) {
   auto reader = Reader::Open(path);
   if (!reader.ok()) Die(reader.status().ToString());
   uint64_t bytes = 0;
-  Extents(**reader, &bytes);
+  Extents(**reader, &bytes, true);
   double t0 = Now();
   Cuda(cudaFree(nullptr), "context");
   res.t["ctx"] = Now() - t0;
