@@ -392,13 +392,7 @@ TEST_F(PlanesLoadTest, BlockDecodingToOtherBytesFailsVerifiedLoadsOnly) {
     ASSERT_EQ(l.plane[0].mode, planes::kPlaneRaw);
     at = b.file_offset + l.plane[0].offset + 100;  // low byte of element 100 of block 1
   }
-  int fd = ::open(path_.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  uint8_t v;
-  ASSERT_EQ(::pread(fd, &v, 1, static_cast<off_t>(at)), 1);
-  v ^= 0x04;
-  ASSERT_EQ(::pwrite(fd, &v, 1, static_cast<off_t>(at)), 1);
-  ::close(fd);
+  ASSERT_TRUE(testing::XorFileByte(path_, at, 0x04));
   auto r = Reader::Open(path_);
   ASSERT_TRUE(r.ok());
   std::map<std::string, std::vector<uint8_t>> changed = expected_;
