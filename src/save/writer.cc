@@ -23,15 +23,15 @@
 #include <thread>
 #include <vector>
 
+#include "base/util.hpp"
 #include "codec/codec.hpp"
+#include "codec/planes.hpp"
 #include "cuda/cuda_util.hpp"
-#include "ferry_generated.h"
+#include "cuda/staging_pool.hpp"
+#include "format/footer_builder.hpp"
 #include "format/format.hpp"
 #include "io/io.hpp"
-#include "codec/planes.hpp"
-#include "cuda/staging_pool.hpp"
 #include "save/direct_sink.hpp"
-#include "base/util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda.h>
@@ -42,25 +42,10 @@ namespace ferry {
 
 namespace {
 
-struct ChunkRecord {
-  uint64_t offset;
-  uint64_t stored_size;
-  uint8_t codec;
-};
+using format::ChunkCodec;
+using format::ChunkRecord;
 
-struct TensorRecord {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  uint64_t data_offset = 0;
-  uint64_t data_size = 0;
-  uint64_t nbytes = 0;
-  Encoding encoding = Encoding::kRaw;
-  uint64_t block_size = 0;
-  std::vector<uint64_t> checksums;
-  std::vector<ChunkRecord> chunks;
-  std::vector<int64_t> global_shape;  // both empty unless SetGlobalSlice was called
-  std::vector<int64_t> shard_offset;
+struct TensorRecord : format::TensorRecord {
   uint64_t pending = 0;  // blocks not yet written (guarded by the pipeline's mutex)
 };
 
@@ -78,7 +63,7 @@ struct Block {
   State state = State::kQueued;
   uint64_t checksum = 0;
   bool compressed = false;
-  uint8_t codec = 0;  // fb::ChunkCodec when compressed
+  ChunkCodec codec = ChunkCodec::kStored;  // when compressed
   size_t stored = 0;
   const uint8_t* data = nullptr;  // the stored bytes: `raw` or `out`
   std::unique_ptr<std::vector<uint8_t>> out;
@@ -144,9 +129,7 @@ class Writer::Impl {
   bool finished = false;
   std::deque<TensorRecord> tensors;  // stable addresses: blocks point into it
   std::set<std::string, std::less<>> names;
-  std::map<std::string, QuantizedTensor, std::less<>> quantized;
-  std::map<std::string, ScalingState, std::less<>> scaling;
-  std::map<std::string, std::string, std::less<>> metadata;
+  format::FooterExtras extras;        // quantized tensors, scaling states, metadata, producer
   std::shared_ptr<StagingPool> pool;  // options.staging, or the internal one once needed
 
   // ---- the pipeline (everything below `mu` is guarded by it) ------------------------------
@@ -370,7 +353,7 @@ class Writer::Impl {
     const uint8_t* input = b.raw;
     size_t width = ShuffleWidth(b.rec->dtype);
     if (b.rec->encoding == Encoding::kPlanes) return EncodePlanes(b, std::move(out), scratch);
-    b.codec = static_cast<uint8_t>(fb::ChunkCodec::ZSTD);
+    b.codec = ChunkCodec::kZstd;
     if (b.rec->encoding == Encoding::kShuffleZstd && width > 1) {
       if (scratch.size() < b.n) scratch.resize(b.n);
       Shuffle(b.raw, scratch.data(), b.n, width);
@@ -409,7 +392,7 @@ class Writer::Impl {
     if (out->size() < bound) out->resize(bound);
     const size_t n = planes::Encode(b.raw, b.n, ShuffleWidth(b.rec->dtype), out->data(),
                                     scratch.data(), options.min_savings);
-    b.codec = static_cast<uint8_t>(fb::ChunkCodec::PLANES);
+    b.codec = ChunkCodec::kPlanes;
     b.compressed = n > 0;
     if (!b.compressed) return Status::Ok();
     b.stored = n;
@@ -435,9 +418,8 @@ class Writer::Impl {
         b.pad = pos - end;
         if (b.n > 0) r.checksums.push_back(b.checksum);
         if (r.encoding != Encoding::kRaw && b.n > 0) {
-          r.chunks.push_back(
-              ChunkRecord{pos - r.data_offset, b.stored,
-                          b.compressed ? b.codec : static_cast<uint8_t>(fb::ChunkCodec::STORED)});
+          r.chunks.push_back(ChunkRecord{pos - r.data_offset, b.stored,
+                                         b.compressed ? b.codec : ChunkCodec::kStored});
         }
         pos += b.stored;
         if (b.last) {
@@ -709,94 +691,9 @@ class Writer::Impl {
     return PipelineStatus();
   }
 
-  flatbuffers::Offset<fb::QuantizedComponent> BuildComponent(
-      flatbuffers::FlatBufferBuilder& b, const std::optional<QuantizedComponent>& c) {
-    if (!c) return 0;
-    auto data = b.CreateString(c->data);
-    auto scale = c->scale_inv.empty() ? 0 : b.CreateString(c->scale_inv);
-    auto amax = c->amax.empty() ? 0 : b.CreateString(c->amax);
-    return fb::CreateQuantizedComponent(b, data, scale,
-                                        static_cast<fb::ScaleLayout>(c->scale_layout), amax);
-  }
-
-  std::pair<fb::Recipe, flatbuffers::Offset<void>> BuildRecipe(flatbuffers::FlatBufferBuilder& b,
-                                                               const Recipe& recipe) {
-    struct Visitor {
-      flatbuffers::FlatBufferBuilder& b;
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(std::monostate) {
-        return {fb::Recipe::NONE, 0};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const DelayedScaling& r) {
-        return {fb::Recipe::DelayedScaling,
-                fb::CreateDelayedScaling(b, r.margin, static_cast<fb::Fp8Format>(r.fp8_format),
-                                         r.amax_history_len,
-                                         static_cast<fb::AmaxComputeAlgo>(r.amax_compute_algo),
-                                         r.reduce_amax, r.fp8_dpa, r.fp8_mha)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const Float8CurrentScaling& r) {
-        return {fb::Recipe::Float8CurrentScaling,
-                fb::CreateFloat8CurrentScaling(b, static_cast<fb::Fp8Format>(r.fp8_format),
-                                               r.fp8_dpa, r.fp8_mha)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const MXFP8BlockScaling& r) {
-        return {fb::Recipe::MXFP8BlockScaling,
-                fb::CreateMXFP8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format)).Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const Float8BlockScaling& r) {
-        return {fb::Recipe::Float8BlockScaling,
-                fb::CreateFloat8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format),
-                                             r.x_block_scaling_dim, r.w_block_scaling_dim,
-                                             r.grad_block_scaling_dim)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const NVFP4BlockScaling& r) {
-        return {fb::Recipe::NVFP4BlockScaling,
-                fb::CreateNVFP4BlockScaling(b, r.disable_rht, r.disable_stochastic_rounding,
-                                            r.disable_2d_quantization)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const CustomRecipe& r) {
-        auto name = b.CreateString(r.name);
-        auto qf = r.qfactory.empty() ? 0 : b.CreateString(r.qfactory);
-        return {fb::Recipe::CustomRecipe, fb::CreateCustomRecipe(b, name, qf).Union()};
-      }
-    };
-    return std::visit(Visitor{b}, recipe);
-  }
-
-  Status BuildFooter(flatbuffers::FlatBufferBuilder& b) {
-    std::sort(tensors.begin(), tensors.end(),
-              [](const TensorRecord& x, const TensorRecord& y) { return x.name < y.name; });
-    std::vector<flatbuffers::Offset<fb::Tensor>> toffs;
-    toffs.reserve(tensors.size());
-    std::vector<fb::Chunk> chunks;
-    for (const TensorRecord& t : tensors) {
-      auto name = b.CreateString(t.name);
-      auto shape = b.CreateVector(t.shape);
-      auto sums = b.CreateVector(t.checksums);
-      flatbuffers::Offset<flatbuffers::Vector<const fb::Chunk*>> ch = 0;
-      if (t.encoding != Encoding::kRaw) {
-        chunks.clear();
-        for (const ChunkRecord& c : t.chunks) {
-          chunks.emplace_back(c.offset, c.stored_size, static_cast<fb::ChunkCodec>(c.codec));
-        }
-        ch = b.CreateVectorOfStructs(chunks);
-      }
-      flatbuffers::Offset<flatbuffers::Vector<int64_t>> gshape = 0, goffset = 0;
-      if (!t.global_shape.empty() || !t.shard_offset.empty()) {
-        gshape = b.CreateVector(t.global_shape);
-        goffset = b.CreateVector(t.shard_offset);
-      }
-      toffs.push_back(fb::CreateTensor(
-          b, name, static_cast<fb::DType>(t.dtype), shape, t.data_offset, t.data_size, t.nbytes,
-          static_cast<fb::Encoding>(t.encoding), t.block_size, sums, ch, gshape, goffset));
-    }
-    auto tvec = b.CreateVector(toffs);
-
-    std::vector<flatbuffers::Offset<fb::QuantizedTensor>> qoffs;
-    for (const auto& [qname, q] : quantized) {
+  // Every tensor a quantized tensor names must have been added.
+  Status CheckQuantizedRefs() const {
+    for (const auto& [qname, q] : extras.quantized) {
       for (const auto* c : {&q.rowwise, &q.columnwise}) {
         if (!*c) continue;
         for (const std::string* ref : {&(*c)->data, &(*c)->scale_inv, &(*c)->amax}) {
@@ -807,58 +704,7 @@ class Writer::Impl {
           }
         }
       }
-      auto name = b.CreateString(q.name);
-      auto shape = b.CreateVector(q.shape);
-      auto row = BuildComponent(b, q.rowwise);
-      auto col = BuildComponent(b, q.columnwise);
-      qoffs.push_back(fb::CreateQuantizedTensor(b, name, static_cast<fb::DType>(q.quantized_dtype),
-                                                static_cast<fb::DType>(q.logical_dtype), shape,
-                                                static_cast<fb::ScalingMode>(q.scaling_mode), row,
-                                                col));
     }
-    auto qvec = b.CreateVector(qoffs);
-
-    std::vector<flatbuffers::Offset<fb::ScalingState>> soffs;
-    for (const auto& [module, s] : scaling) {
-      std::vector<flatbuffers::Offset<fb::DirectionState>> doffs;
-      for (const DirectionState& d : s.states) {
-        std::vector<uint8_t> roles;
-        for (SlotRole r : d.slot_roles) roles.push_back(static_cast<uint8_t>(r));
-        auto rv = b.CreateVector(reinterpret_cast<const fb::SlotRole*>(roles.data()), roles.size());
-        auto sv = b.CreateVector(d.scale);
-        auto hv = b.CreateVector(d.amax_history);
-        doffs.push_back(fb::CreateDirectionState(b, static_cast<fb::Direction>(d.direction),
-                                                 d.num_gemms, rv, sv, hv, d.history_len));
-      }
-      auto dvec = b.CreateVector(doffs);
-      auto mname = b.CreateString(module);
-      auto [rtype, roff] = BuildRecipe(b, s.recipe);
-      soffs.push_back(fb::CreateScalingState(b, mname, rtype, roff, dvec));
-    }
-    auto svec = b.CreateVector(soffs);
-
-    std::vector<flatbuffers::Offset<fb::KeyValue>> moffs;
-    for (const auto& [k, v] : metadata) {
-      auto ko = b.CreateString(k);
-      auto vo = b.CreateString(v);
-      moffs.push_back(fb::CreateKeyValue(b, ko, vo));
-    }
-    auto mvec = b.CreateVector(moffs);
-    std::string producer = options.producer.empty()
-                               ? std::string("tensorferry ") + FERRY_VERSION_STRING
-                               : options.producer;
-    auto prod = b.CreateString(producer);
-    std::vector<uint32_t> order;
-    for (uint32_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].data_size > 0) order.push_back(i);
-    }
-    std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
-      return tensors[x].data_offset < tensors[y].data_offset;
-    });
-    auto ovec = b.CreateVector(order);
-    auto root = fb::CreateCheckpoint(b, kFormatVersion, prod, fb::ChecksumAlgo::XXH3_64, tvec, qvec,
-                                     svec, mvec, ovec);
-    fb::FinishCheckpointBuffer(b, root);
     return Status::Ok();
   }
 
@@ -867,28 +713,27 @@ class Writer::Impl {
   Status Finish() {
     Drain();
     Status st = PipelineStatus();
-    flatbuffers::FlatBufferBuilder builder(1 << 16);
-    if (st.ok()) st = BuildFooter(builder);
-    if (st.ok() && builder.GetSize() > format::kMaxFooterBytes) {
-      st = Error(StatusCode::kResourceExhausted, path, ": footer of ", builder.GetSize(),
-                 " bytes exceeds the format's limit of ", format::kMaxFooterBytes);
+    if (st.ok()) st = CheckQuantizedRefs();
+    Result<std::vector<uint8_t>> footer = std::vector<uint8_t>();
+    if (st.ok()) {
+      std::vector<const format::TensorRecord*> records;
+      records.reserve(tensors.size());
+      for (const TensorRecord& t : tensors) records.push_back(&t);
+      footer = format::BuildFooter(std::move(records), extras, path);
+      st = footer.status();
     }
     if (st.ok()) {
       const uint64_t footer_at = AlignUp(pos, 8);
-      const uint64_t footer_size = builder.GetSize();
-      uint8_t trailer[format::kTrailerSize];
-      uint64_t sum = Checksum64(builder.GetBufferPointer(), footer_size);
-      std::memcpy(trailer, &footer_size, 8);
-      std::memcpy(trailer + 8, &sum, 8);
-      std::memcpy(trailer + 16, format::kMagic, format::kMagicSize);
+      const uint64_t footer_size = footer->size();
+      const auto trailer = format::MakeTrailer(*footer);
       if (sink) {
         st = sink->Put(pos, nullptr, footer_at - pos);
-        if (st.ok()) st = sink->Put(footer_at, builder.GetBufferPointer(), footer_size);
-        if (st.ok()) st = sink->Put(footer_at + footer_size, trailer, sizeof(trailer));
-        if (st.ok()) st = sink->Finish(footer_at + footer_size + sizeof(trailer), file);
+        if (st.ok()) st = sink->Put(footer_at, footer->data(), footer_size);
+        if (st.ok()) st = sink->Put(footer_at + footer_size, trailer.data(), trailer.size());
+        if (st.ok()) st = sink->Finish(footer_at + footer_size + trailer.size(), file);
       } else {
-        st = file.PWriteAll(builder.GetBufferPointer(), footer_size, footer_at);
-        if (st.ok()) st = file.PWriteAll(trailer, sizeof(trailer), footer_at + footer_size);
+        st = file.PWriteAll(footer->data(), footer_size, footer_at);
+        if (st.ok()) st = file.PWriteAll(trailer.data(), trailer.size(), footer_at + footer_size);
       }
     }
     sink.reset();
@@ -942,6 +787,7 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
   impl->path = path;
   impl->options = std::move(options);
   impl->pool = impl->options.staging;
+  impl->extras.producer = impl->options.producer;
   FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
   impl->tmp_path = TempPath(impl->dest);
   FERRY_ASSIGN_OR_RETURN(impl->file, File::CreateExclusive(impl->tmp_path));
@@ -1084,7 +930,7 @@ Status Writer::AddQuantized(const QuantizedTensor& tensor) {
                    Quote(tensor.name), ": a component needs a data tensor");
     }
   }
-  if (!impl_->quantized.emplace(tensor.name, tensor).second) {
+  if (!impl_->extras.quantized.emplace(tensor.name, tensor).second) {
     return Error(StatusCode::kInvalidArgument, impl_->path, ": duplicate quantized tensor ",
                  Quote(tensor.name));
   }
@@ -1110,7 +956,7 @@ Status Writer::AddScalingState(const ScalingState& state) {
                    d.amax_history.size(), " history entries");
     }
   }
-  if (!impl_->scaling.emplace(state.module, state).second) {
+  if (!impl_->extras.scaling.emplace(state.module, state).second) {
     return Error(StatusCode::kInvalidArgument, impl_->path, ": duplicate scaling state ",
                  Quote(state.module));
   }
@@ -1121,7 +967,7 @@ Status Writer::SetMetadata(std::string_view key, std::string_view value) {
   if (!impl_) return Error(StatusCode::kInvalidArgument, "moved-from Writer");
   FERRY_RETURN_IF_ERROR(impl_->CheckUsable());
   FERRY_RETURN_IF_ERROR(CheckKey(impl_->path, key, "metadata key"));
-  impl_->metadata[std::string(key)] = std::string(value);
+  impl_->extras.metadata[std::string(key)] = std::string(value);
   return Status::Ok();
 }
 
