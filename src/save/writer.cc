@@ -26,17 +26,12 @@
 #include "base/util.hpp"
 #include "codec/codec.hpp"
 #include "codec/planes.hpp"
-#include "cuda/cuda_util.hpp"
 #include "cuda/staging_pool.hpp"
 #include "format/footer_builder.hpp"
 #include "format/format.hpp"
 #include "io/io.hpp"
+#include "save/device_snapshot.hpp"
 #include "save/direct_sink.hpp"
-
-#ifdef FERRY_HAVE_CUDA
-#include <cuda.h>
-#include <cuda_runtime.h>
-#endif
 
 namespace ferry {
 
@@ -151,24 +146,11 @@ class Writer::Impl {
   std::mutex progress_mu;      // one options.progress call at a time, outside mu
   uint64_t progress_done = 0;  // guarded by progress_mu
 
-#ifdef FERRY_HAVE_CUDA
-  CUcontext ctx = nullptr;  // of the device tensors (captured at the first one)
-  int device = -1;
-  std::vector<cudaEvent_t> free_events;  // guarded by mu
-  std::vector<cudaEvent_t> all_events;
-  // Per stream, an event recorded after the newest copy: WaitSnapshot waits on these.
-  std::vector<std::pair<cudaStream_t, cudaEvent_t>> tails;
-#endif
+  std::unique_ptr<DeviceSnapshot> device;  // device tensors' copies (made at the first one)
 
   ~Impl() {
     Abort();
     JoinWorkers();
-#ifdef FERRY_HAVE_CUDA
-    if (!all_events.empty()) {
-      ScopedContext scope(ctx);
-      for (cudaEvent_t e : all_events) cudaEventDestroy(e);
-    }
-#endif
   }
 
   int Threads() const {
@@ -260,9 +242,7 @@ class Writer::Impl {
   }
 
   void Work() {
-#ifdef FERRY_HAVE_CUDA
-    CUcontext bound = nullptr;
-#endif
+    void* bound = nullptr;  // the CUDA context this thread has made current
     std::vector<uint8_t> scratch;
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
@@ -304,23 +284,14 @@ class Writer::Impl {
             free_bufs.pop_back();
           }
         }
-#ifdef FERRY_HAVE_CUDA
-        if (b->event != nullptr && bound != ctx) {
-          // The first CUDA call of this thread must find the caller's context, or the
-          // runtime would make device 0's primary context current.
-          if (Driver().ok && ctx != nullptr) Driver().ctx_set_current(ctx);
-          bound = ctx;
-        }
-#endif
+        if (b->event != nullptr) device->BindWorker(&bound);
         lock.unlock();
         Status st = Encode(*b, std::move(out), skip, scratch);
         lock.lock();
-#ifdef FERRY_HAVE_CUDA
         if (b->event != nullptr) {
-          free_events.push_back(static_cast<cudaEvent_t>(b->event));
+          device->Recycle(b->event);
           b->event = nullptr;
         }
-#endif
         if (!st.ok()) Fail(std::move(st));
         b->state = Block::State::kEncoded;
         Sequence();
@@ -334,17 +305,11 @@ class Writer::Impl {
   // Waits for the block's bytes, then checksums and encodes them. Runs without mu.
   Status Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out, bool skip,
                 std::vector<uint8_t>& scratch) {
-#ifdef FERRY_HAVE_CUDA
     if (b.event != nullptr) {
       // Even a failed save waits: the copy writes into a staging piece that is about to be
       // handed out again.
-      cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(b.event));
-      if (err != cudaSuccess) {
-        return CudaStatus(err, StrCat(path, ": tensor ", Quote(b.rec->name)),
-                          "device-to-host copy");
-      }
+      FERRY_RETURN_IF_ERROR(device->WaitCopy(b.event, b.rec->name));
     }
-#endif
     if (skip || b.n == 0) return Status::Ok();
     b.checksum = Checksum64(b.raw, b.n);
     b.data = b.raw;
@@ -457,80 +422,8 @@ class Writer::Impl {
     return &pool->impl();
   }
 
-#ifdef FERRY_HAVE_CUDA
-  // The caller's context and device, checked against the first device tensor's.
-  Status BindDevice(const std::string& where, const void* data, uint64_t nbytes) {
-    int dev = -1;
-    FERRY_CUDA_RETURN(cudaGetDevice(&dev), where);
-    // The current device's context, made current on this thread if it has none (never
-    // another device's).
-    FERRY_CUDA_RETURN(cudaFree(nullptr), where);
-    CUcontext cur = nullptr;
-    if (Driver().ok) Driver().ctx_get_current(&cur);
-    if (nbytes > 0) {
-      cudaPointerAttributes attr{};
-      cudaError_t err = cudaPointerGetAttributes(&attr, data);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        return CudaStatus(err, where, "cudaPointerGetAttributes");
-      }
-      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-        return Error(StatusCode::kInvalidArgument, where,
-                     ": the source is not device memory (use AddTensor for host memory)");
-      }
-      if (attr.type == cudaMemoryTypeDevice && attr.device != dev) {
-        return Error(StatusCode::kInvalidArgument, where, ": the source is memory of device ",
-                     attr.device, " but device ", dev, " is current; make device ", attr.device,
-                     " current first");
-      }
-    }
-    if (device < 0) {
-      device = dev;
-      ctx = cur;
-    } else if (dev != device || cur != ctx) {
-      return Error(StatusCode::kInvalidArgument, where, ": device ", dev,
-                   " is current, but this writer's device tensors are on device ", device);
-    }
-    return Status::Ok();
-  }
-
-  Result<cudaEvent_t> TakeEvent() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!free_events.empty()) {
-        cudaEvent_t e = free_events.back();
-        free_events.pop_back();
-        return e;
-      }
-    }
-    cudaEvent_t e = nullptr;
-    FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), path);
-    all_events.push_back(e);
-    return e;
-  }
-
-  Status RecordTail(cudaStream_t stream) {
-    cudaEvent_t e = nullptr;
-    for (auto& [s, ev] : tails) {
-      if (s == stream) e = ev;
-    }
-    if (e == nullptr) {
-      FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), path);
-      all_events.push_back(e);
-      tails.emplace_back(stream, e);
-    }
-    FERRY_CUDA_RETURN(cudaEventRecord(e, stream), path);
-    return Status::Ok();
-  }
-#endif
-
   Status WaitSnapshot() {
-#ifdef FERRY_HAVE_CUDA
-    for (auto& [s, e] : tails) {
-      cudaError_t err = cudaEventSynchronize(e);
-      if (err != cudaSuccess) return CudaStatus(err, path, "waiting for device-to-host copies");
-    }
-#endif
+    if (device) FERRY_RETURN_IF_ERROR(device->WaitAll());
     return PipelineStatus();
   }
 
@@ -575,22 +468,14 @@ class Writer::Impl {
     if (staged && *nbytes > 0) {
       FERRY_ASSIGN_OR_RETURN(staging, Pool());
     }
-#ifdef FERRY_HAVE_CUDA
-    cudaStream_t stream = reinterpret_cast<cudaStream_t>(src.stream);
     if (src.kind == Source::Kind::kDevice) {
-      FERRY_RETURN_IF_ERROR(BindDevice(where, src.device, *nbytes));
+      if (!device) device = std::make_unique<DeviceSnapshot>(path);
+      FERRY_RETURN_IF_ERROR(device->Bind(where, src.device, *nbytes));
       if (staging != nullptr) {
         Status st = staging->EnsurePinned();
         if (!st.ok()) return Error(st.code(), where, ": ", st.message());
       }
     }
-#else
-    if (src.kind == Source::Kind::kDevice) {
-      return Error(StatusCode::kUnimplemented, where,
-                   ": this build of TensorFerry has no CUDA support (copy the tensor to the host "
-                   "and use AddTensor)");
-    }
-#endif
     FERRY_RETURN_IF_ERROR(PipelineStatus());
     FERRY_RETURN_IF_ERROR(StartWorkers());
 
@@ -640,24 +525,13 @@ class Writer::Impl {
             }
             break;
           case Source::Kind::kDevice: {
-#ifdef FERRY_HAVE_CUDA
-            auto ev = TakeEvent();
-            cudaError_t err = ev.ok()
-                                  ? cudaMemcpyAsync(const_cast<uint8_t*>(b.raw), src.device + off,
-                                                    b.n, cudaMemcpyDeviceToHost, stream)
-                                  : cudaSuccess;
-            if (!ev.ok()) {
-              st = ev.status();
-            } else if (err != cudaSuccess || (err = cudaEventRecord(*ev, stream)) != cudaSuccess) {
-              st = CudaStatus(err, StrCat(where, " at byte ", off), "device-to-host copy");
-              // The event may be unrecorded; the copy, if enqueued, still needs waiting for.
-              cudaStreamSynchronize(stream);
-              std::lock_guard<std::mutex> lock(mu);
-              free_events.push_back(*ev);
-            } else {
+            auto ev = device->Copy(const_cast<uint8_t*>(b.raw), src.device + off, b.n, src.stream,
+                                   where, off);
+            if (ev.ok()) {
               b.event = *ev;
+            } else {
+              st = ev.status();
             }
-#endif
             break;
           }
         }
@@ -672,16 +546,14 @@ class Writer::Impl {
       Push(std::move(b));
       off += bs;
     } while (off < rec.nbytes);
-#ifdef FERRY_HAVE_CUDA
     if (src.kind == Source::Kind::kDevice && rec.nbytes > 0) {
-      Status st = RecordTail(stream);
+      Status st = device->RecordTail(src.stream);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         Fail(st);
         return st;
       }
     }
-#endif
     if (!staged) {
       // The blocks point into the caller's memory: return once they are in the file.
       std::unique_lock<std::mutex> lock(mu);
