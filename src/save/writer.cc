@@ -1,21 +1,16 @@
-// Streaming writer. Every tensor is cut into blocks that flow through a pipeline: the caller's
-// thread stages each block (points at host memory, copies it into the staging pool, pulls it
-// from a FillFn, or enqueues a device-to-host copy on the caller's stream); worker threads
-// wait for the copy's event, checksum and compress blocks in order; a sequencer gives each
-// finished block its file offset in block order (compressed sizes are known only then); and
-// workers write blocks at their offsets with pwrite, in parallel. The footer and the atomic
-// rename happen in Finish, on the caller's thread (Commit) or in the background (CommitAsync).
-#include <fcntl.h>
+// Streaming writer: the public API and the commit. The caller's thread checks each tensor and
+// stages its blocks (points at host memory, copies it into the staging pool, pulls it from a
+// FillFn, or enqueues a device-to-host copy on the caller's stream: device_snapshot.hpp), and
+// hands them to the block pipeline (block_pipeline.hpp), which encodes and writes them. The
+// footer (format/footer_builder.hpp) and the atomic rename happen in Finish, on the caller's
+// thread (Commit) or in the background (CommitAsync).
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -24,47 +19,17 @@
 #include <vector>
 
 #include "base/util.hpp"
-#include "codec/codec.hpp"
-#include "codec/planes.hpp"
 #include "cuda/staging_pool.hpp"
 #include "format/footer_builder.hpp"
 #include "format/format.hpp"
 #include "io/io.hpp"
+#include "save/block_pipeline.hpp"
 #include "save/device_snapshot.hpp"
 #include "save/direct_sink.hpp"
 
 namespace ferry {
 
 namespace {
-
-using format::ChunkCodec;
-using format::ChunkRecord;
-
-struct TensorRecord : format::TensorRecord {
-  uint64_t pending = 0;  // blocks not yet written (guarded by the pipeline's mutex)
-};
-
-// One block of one tensor on its way to the file.
-struct Block {
-  enum class State : uint8_t { kQueued, kEncoding, kEncoded, kAssigned, kWriting, kDone };
-  TensorRecord* rec = nullptr;
-  uint64_t raw_off = 0;
-  size_t n = 0;
-  const uint8_t* raw = nullptr;       // caller memory or a staging piece
-  StagingPool::Impl* pool = nullptr;  // set when `raw` is a staging piece
-  uint64_t piece = 0;
-  void* event = nullptr;  // cudaEvent_t recorded after the device-to-host copy
-  bool first = false, last = false;
-  State state = State::kQueued;
-  uint64_t checksum = 0;
-  bool compressed = false;
-  ChunkCodec codec = ChunkCodec::kStored;  // when compressed
-  size_t stored = 0;
-  const uint8_t* data = nullptr;  // the stored bytes: `raw` or `out`
-  std::unique_ptr<std::vector<uint8_t>> out;
-  uint64_t offset = 0;
-  uint64_t pad = 0;  // zero bytes between the previous block's end and `offset`
-};
 
 std::string TempPath(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
@@ -115,6 +80,11 @@ class SaveHandle::State {
 
 class Writer::Impl {
  public:
+  Impl(std::string p, WriterOptions o)
+      : path(std::move(p)), options(std::move(o)), pool(options.staging), device(path) {
+    extras.producer = options.producer;
+  }
+
   std::string path;
   std::string tmp_path;
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
@@ -122,71 +92,22 @@ class Writer::Impl {
   WriterOptions options;
   bool spent = false;  // Commit, CommitAsync or Abort was reached (caller's side)
   bool finished = false;
-  std::deque<TensorRecord> tensors;  // stable addresses: blocks point into it
+  std::deque<PipelineTensor> tensors;  // stable addresses: blocks point into it
   std::set<std::string, std::less<>> names;
-  format::FooterExtras extras;        // quantized tensors, scaling states, metadata, producer
-  std::shared_ptr<StagingPool> pool;  // options.staging, or the internal one once needed
+  format::FooterExtras extras;              // quantized tensors, scaling states, metadata, producer
+  std::shared_ptr<StagingPool> pool;        // options.staging, or the internal one once needed
+  DeviceSnapshot device;                    // device tensors' copies
+  std::unique_ptr<BlockPipeline> pipeline;  // made by Create, right after the file
 
-  // ---- the pipeline (everything below `mu` is guarded by it) ------------------------------
-  std::mutex mu;
-  std::condition_variable work_cv, done_cv;
-  std::deque<Block> blocks;
-  uint64_t next_encode = 0;  // first block no worker has taken for encoding
-  uint64_t seq = 0;          // first block without a file offset
-  uint64_t blocks_done = 0;
-  std::deque<Block*> write_queue;
-  uint64_t pos = format::kFirstDataOffset;  // end of the data section assigned so far
-  std::unique_ptr<DirectSink> sink;         // O_DIRECT writes, where the file system has them
-  bool closed = false;
-  bool failed = false;
-  Status error;
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> free_bufs;
-  std::vector<std::thread> workers;
-  uint64_t window = 8;         // blocks encoded ahead of the sequencer, at most
-  std::mutex progress_mu;      // one options.progress call at a time, outside mu
-  uint64_t progress_done = 0;  // guarded by progress_mu
-
-  std::unique_ptr<DeviceSnapshot> device;  // device tensors' copies (made at the first one)
-
-  ~Impl() {
-    Abort();
-    JoinWorkers();
-  }
-
-  int Threads() const {
-    if (options.threads > 0) return options.threads;
-    unsigned hw = std::thread::hardware_concurrency();
-    return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
-  }
-
-  // First error wins. Called with mu held.
-  void Fail(Status st) {
-    if (!failed) {
-      failed = true;
-      if (sink) sink->Cancel(st);
-      error = std::move(st);
-    }
-  }
-
-  Status Report(uint64_t n) {
-    std::lock_guard<std::mutex> lock(progress_mu);
-    progress_done += n;
-    return options.progress(progress_done);
-  }
-
-  Status PipelineStatus() {
-    std::lock_guard<std::mutex> lock(mu);
-    return failed ? error : Status::Ok();
-  }
+  ~Impl() { Abort(); }
 
   void Abort() {
     if (spent) return;
     spent = true;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      Fail(Error(StatusCode::kInvalidArgument, path, ": writer aborted"));
+    if (pipeline) {
+      pipeline->Fail(Error(StatusCode::kInvalidArgument, path, ": writer aborted"));
+      pipeline->Drain();
     }
-    Drain();
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
   }
@@ -197,218 +118,6 @@ class Writer::Impl {
     }
     return Status::Ok();
   }
-
-  // ---- workers ----------------------------------------------------------------------------
-
-  Status StartWorkers() {
-    if (!workers.empty()) return Status::Ok();
-    const int n = Threads();
-    window = 2 * static_cast<uint64_t>(n) + 2;
-    try {
-      for (int i = 0; i < n; ++i) workers.emplace_back([this] { Work(); });
-    } catch (const std::system_error& e) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        Fail(Error(StatusCode::kResourceExhausted, path, ": cannot start writer threads (",
-                   e.what(), ")"));
-        closed = true;
-      }
-      work_cv.notify_all();
-      JoinWorkers();
-      std::lock_guard<std::mutex> lock(mu);
-      return error;
-    }
-    return Status::Ok();
-  }
-
-  void JoinWorkers() {
-    for (auto& t : workers) {
-      if (t.joinable()) t.join();
-    }
-    workers.clear();
-  }
-
-  // Closes the pipeline and waits until every block is done (written, or dropped after a
-  // failure, its device copy complete and its staging piece back).
-  void Drain() {
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      closed = true;
-      work_cv.notify_all();
-      done_cv.wait(lock, [&] { return blocks_done == blocks.size(); });
-    }
-    work_cv.notify_all();
-    JoinWorkers();
-  }
-
-  void Work() {
-    void* bound = nullptr;  // the CUDA context this thread has made current
-    std::vector<uint8_t> scratch;
-    std::unique_lock<std::mutex> lock(mu);
-    for (;;) {
-      if (!write_queue.empty()) {
-        Block* b = write_queue.front();
-        write_queue.pop_front();
-        b->state = Block::State::kWriting;
-        const bool skip = failed;
-        lock.unlock();
-        Status st;
-        if (!skip && sink) {
-          st = sink->Put(b->offset - b->pad, nullptr, b->pad);
-          if (st.ok()) st = sink->Put(b->offset, b->data, b->stored);
-        } else if (!skip && b->stored > 0) {
-          st = file.PWriteAll(b->data, b->stored, b->offset);
-        }
-        if (!skip && st.ok() && options.progress) st = Report(b->n);
-        if (b->pool != nullptr) b->pool->Release(b->piece);
-        lock.lock();
-        if (!st.ok()) Fail(std::move(st));
-        if (b->out) free_bufs.push_back(std::move(b->out));
-        b->state = Block::State::kDone;
-        b->rec->pending--;
-        ++blocks_done;
-        done_cv.notify_all();
-        if (closed && blocks_done == blocks.size()) work_cv.notify_all();
-        continue;
-      }
-      if (next_encode < blocks.size() && next_encode < seq + window) {
-        Block* b = &blocks[next_encode++];
-        b->state = Block::State::kEncoding;
-        const bool skip = failed;
-        std::unique_ptr<std::vector<uint8_t>> out;
-        if (!skip && b->rec->encoding != Encoding::kRaw) {
-          if (free_bufs.empty()) {
-            out = std::make_unique<std::vector<uint8_t>>();
-          } else {
-            out = std::move(free_bufs.back());
-            free_bufs.pop_back();
-          }
-        }
-        if (b->event != nullptr) device->BindWorker(&bound);
-        lock.unlock();
-        Status st = Encode(*b, std::move(out), skip, scratch);
-        lock.lock();
-        if (b->event != nullptr) {
-          device->Recycle(b->event);
-          b->event = nullptr;
-        }
-        if (!st.ok()) Fail(std::move(st));
-        b->state = Block::State::kEncoded;
-        Sequence();
-        continue;
-      }
-      if (closed && blocks_done == blocks.size()) return;
-      work_cv.wait(lock);
-    }
-  }
-
-  // Waits for the block's bytes, then checksums and encodes them. Runs without mu.
-  Status Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out, bool skip,
-                std::vector<uint8_t>& scratch) {
-    if (b.event != nullptr) {
-      // Even a failed save waits: the copy writes into a staging piece that is about to be
-      // handed out again.
-      FERRY_RETURN_IF_ERROR(device->WaitCopy(b.event, b.rec->name));
-    }
-    if (skip || b.n == 0) return Status::Ok();
-    b.checksum = Checksum64(b.raw, b.n);
-    b.data = b.raw;
-    b.stored = b.n;
-    if (b.rec->encoding == Encoding::kRaw) return Status::Ok();
-    const uint8_t* input = b.raw;
-    size_t width = ShuffleWidth(b.rec->dtype);
-    if (b.rec->encoding == Encoding::kPlanes) return EncodePlanes(b, std::move(out), scratch);
-    b.codec = ChunkCodec::kZstd;
-    if (b.rec->encoding == Encoding::kShuffleZstd && width > 1) {
-      if (scratch.size() < b.n) scratch.resize(b.n);
-      Shuffle(b.raw, scratch.data(), b.n, width);
-      input = scratch.data();
-    }
-    size_t bound = CompressBound(b.n);
-    if (out->size() < bound) out->resize(bound);
-    auto csize = ZstdCompress(input, b.n, out->data(), bound, options.zstd_level);
-    if (!csize.ok()) {
-      return Error(csize.status().code(), path, ": tensor ", Quote(b.rec->name), ": ",
-                   csize.status().message());
-    }
-    b.compressed =
-        static_cast<double>(*csize) <= static_cast<double>(b.n) * (1.0 - options.min_savings);
-    if (b.compressed) {
-      b.stored = *csize;
-    } else if (input != b.raw) {
-      // Stored chunks of a shuffled tensor hold the shuffled bytes (the reader unshuffles).
-      std::memcpy(out->data(), input, b.n);
-    } else {
-      out.reset();  // stored as they are: written straight from `raw`
-    }
-    if (out) {
-      b.data = out->data();
-      b.out = std::move(out);
-    }
-    return Status::Ok();
-  }
-
-  // Planes blocks that do not pay are stored raw and unshuffled: the loader then copies them
-  // like raw data, straight from `raw`.
-  Status EncodePlanes(Block& b, std::unique_ptr<std::vector<uint8_t>> out,
-                      std::vector<uint8_t>& scratch) {
-    if (scratch.size() < b.n) scratch.resize(b.n);
-    const size_t bound = planes::Bound(b.n);
-    if (out->size() < bound) out->resize(bound);
-    const size_t n = planes::Encode(b.raw, b.n, ShuffleWidth(b.rec->dtype), out->data(),
-                                    scratch.data(), options.min_savings);
-    b.codec = ChunkCodec::kPlanes;
-    b.compressed = n > 0;
-    if (!b.compressed) return Status::Ok();
-    b.stored = n;
-    b.data = out->data();
-    b.out = std::move(out);
-    return Status::Ok();
-  }
-
-  // Gives offsets to the encoded blocks at the head of the sequence, in block order (the
-  // file layout is the same as a one-thread writer's). Called with mu held.
-  void Sequence() {
-    bool any = false;
-    while (seq < blocks.size() && blocks[seq].state == Block::State::kEncoded) {
-      Block& b = blocks[seq++];
-      TensorRecord& r = *b.rec;
-      if (!failed) {
-        const uint64_t end = pos;
-        if (b.first) {
-          pos = AlignUp(pos, format::TensorAlignment(r.nbytes));
-          r.data_offset = pos;
-        }
-        b.offset = pos;
-        b.pad = pos - end;
-        if (b.n > 0) r.checksums.push_back(b.checksum);
-        if (r.encoding != Encoding::kRaw && b.n > 0) {
-          r.chunks.push_back(ChunkRecord{pos - r.data_offset, b.stored,
-                                         b.compressed ? b.codec : ChunkCodec::kStored});
-        }
-        pos += b.stored;
-        if (b.last) {
-          r.data_size = pos - r.data_offset;
-          if (r.data_size == 0) r.data_offset = 0;
-        }
-      }
-      b.state = Block::State::kAssigned;
-      write_queue.push_back(&b);
-      any = true;
-    }
-    if (any) work_cv.notify_all();
-  }
-
-  void Push(Block&& b) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      b.rec->pending++;
-      blocks.push_back(std::move(b));
-    }
-    work_cv.notify_one();
-  }
-
-  // ---- staging ----------------------------------------------------------------------------
 
   Result<StagingPool::Impl*> Pool() {
     if (!pool) {
@@ -423,14 +132,16 @@ class Writer::Impl {
   }
 
   Status WaitSnapshot() {
-    if (device) FERRY_RETURN_IF_ERROR(device->WaitAll());
-    return PipelineStatus();
+    FERRY_RETURN_IF_ERROR(device.WaitAll());
+    return pipeline->status();
   }
 
   // ---- adding tensors ---------------------------------------------------------------------
 
-  Status Add(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
-             const Source& src, Encoding encoding) {
+  // The tensor's size in bytes, once its name, dtype, encoding, shape and source are usable.
+  Result<uint64_t> CheckTensor(std::string_view name, DType dtype,
+                               const std::vector<int64_t>& shape, const Source& src,
+                               Encoding encoding) const {
     FERRY_RETURN_IF_ERROR(CheckUsable());
     FERRY_RETURN_IF_ERROR(CheckKey(path, name, "tensor name"));
     if (names.count(name)) {
@@ -462,31 +173,78 @@ class Writer::Impl {
                      DTypeName(dtype), " shape needs ", *nbytes, " bytes, got ", src.host_bytes);
       }
     }
+    return *nbytes;
+  }
+
+  // Gives block `b` its bytes: a staging piece filled from the source (a host copy, the fill
+  // function, or an enqueued device copy), or, unstaged, the caller's memory itself.
+  Status StageBlock(Block& b, const Source& src, StagingPool::Impl* staging,
+                    const std::string& where) {
+    const uint64_t off = b.raw_off;
+    if (staging != nullptr) {
+      auto piece = staging->Acquire(b.n);
+      if (!piece.ok()) return Error(piece.status().code(), where, ": ", piece.status().message());
+      b.pool = staging;
+      b.piece = piece->id;
+      b.raw = piece->data;
+    }
+    switch (src.kind) {
+      case Source::Kind::kHost:
+        if (b.pool != nullptr) {
+          std::memcpy(const_cast<uint8_t*>(b.raw), src.host + off, b.n);
+        } else {
+          b.raw = src.host + off;
+        }
+        return Status::Ok();
+      case Source::Kind::kFill: {
+        Status st = (*src.fill)(off, const_cast<uint8_t*>(b.raw), b.n);
+        if (!st.ok()) {
+          return Error(st.code(), where, ": source failed at byte ", off, ": ", st.message());
+        }
+        return Status::Ok();
+      }
+      case Source::Kind::kDevice: {
+        FERRY_ASSIGN_OR_RETURN(b.event, device.Copy(const_cast<uint8_t*>(b.raw), src.device + off,
+                                                    b.n, src.stream, where, off));
+        return Status::Ok();
+      }
+    }
+    return Status::Ok();
+  }
+
+  // A failure while adding spoils the whole save: the file would miss part of a tensor.
+  Status Spoil(Status st) {
+    pipeline->Fail(st);
+    return st;
+  }
+
+  Status Add(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+             const Source& src, Encoding encoding) {
+    FERRY_ASSIGN_OR_RETURN(const uint64_t nbytes, CheckTensor(name, dtype, shape, src, encoding));
     const std::string where = StrCat(path, ": tensor ", Quote(name));
     const bool staged = src.kind != Source::Kind::kHost || options.staging != nullptr;
     StagingPool::Impl* staging = nullptr;
-    if (staged && *nbytes > 0) {
+    if (staged && nbytes > 0) {
       FERRY_ASSIGN_OR_RETURN(staging, Pool());
     }
     if (src.kind == Source::Kind::kDevice) {
-      if (!device) device = std::make_unique<DeviceSnapshot>(path);
-      FERRY_RETURN_IF_ERROR(device->Bind(where, src.device, *nbytes));
+      FERRY_RETURN_IF_ERROR(device.Bind(where, src.device, nbytes));
       if (staging != nullptr) {
         Status st = staging->EnsurePinned();
         if (!st.ok()) return Error(st.code(), where, ": ", st.message());
       }
     }
-    FERRY_RETURN_IF_ERROR(PipelineStatus());
-    FERRY_RETURN_IF_ERROR(StartWorkers());
+    FERRY_RETURN_IF_ERROR(pipeline->status());
+    FERRY_RETURN_IF_ERROR(pipeline->Start());
 
     tensors.emplace_back();
-    TensorRecord& rec = tensors.back();
+    PipelineTensor& rec = tensors.back();
     rec.name = std::string(name);
     rec.dtype = dtype;
     rec.shape = shape;
-    rec.nbytes = *nbytes;
-    rec.encoding = *nbytes == 0 ? Encoding::kRaw : encoding;
-    rec.block_size = *nbytes == 0 ? 0 : options.block_size;
+    rec.nbytes = nbytes;
+    rec.encoding = nbytes == 0 ? Encoding::kRaw : encoding;
+    rec.block_size = nbytes == 0 ? 0 : options.block_size;
     names.insert(rec.name);
 
     const uint64_t bs = options.block_size;
@@ -498,70 +256,26 @@ class Writer::Impl {
       b.n = static_cast<size_t>(std::min(bs, rec.nbytes - off));
       b.first = off == 0;
       b.last = off + b.n == rec.nbytes;
-      Status st;
-      if (b.n > 0 && staging != nullptr) {
-        auto piece = staging->Acquire(b.n);
-        if (!piece.ok()) {
-          st = Error(piece.status().code(), where, ": ", piece.status().message());
-        } else {
-          b.pool = staging;
-          b.piece = piece->id;
-          b.raw = piece->data;
+      if (b.n > 0) {
+        Status st = StageBlock(b, src, staging, where);
+        if (!st.ok()) {
+          if (b.pool != nullptr) b.pool->Release(b.piece);
+          return Spoil(std::move(st));
         }
       }
-      if (st.ok() && b.n > 0) {
-        switch (src.kind) {
-          case Source::Kind::kHost:
-            if (b.pool != nullptr) {
-              std::memcpy(const_cast<uint8_t*>(b.raw), src.host + off, b.n);
-            } else {
-              b.raw = src.host + off;
-            }
-            break;
-          case Source::Kind::kFill:
-            st = (*src.fill)(off, const_cast<uint8_t*>(b.raw), b.n);
-            if (!st.ok()) {
-              st = Error(st.code(), where, ": source failed at byte ", off, ": ", st.message());
-            }
-            break;
-          case Source::Kind::kDevice: {
-            auto ev = device->Copy(const_cast<uint8_t*>(b.raw), src.device + off, b.n, src.stream,
-                                   where, off);
-            if (ev.ok()) {
-              b.event = *ev;
-            } else {
-              st = ev.status();
-            }
-            break;
-          }
-        }
-      }
-      if (!st.ok()) {
-        // The file now misses part of this tensor: the whole save is spoiled.
-        if (b.pool != nullptr) b.pool->Release(b.piece);
-        std::lock_guard<std::mutex> lock(mu);
-        Fail(st);
-        return st;
-      }
-      Push(std::move(b));
+      pipeline->Push(std::move(b));
       off += bs;
     } while (off < rec.nbytes);
     if (src.kind == Source::Kind::kDevice && rec.nbytes > 0) {
-      Status st = device->RecordTail(src.stream);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        Fail(st);
-        return st;
-      }
+      Status st = device.RecordTail(src.stream);
+      if (!st.ok()) return Spoil(std::move(st));
     }
-    if (!staged) {
-      // The blocks point into the caller's memory: return once they are in the file.
-      std::unique_lock<std::mutex> lock(mu);
-      done_cv.wait(lock, [&] { return rec.pending == 0; });
-      return failed ? error : Status::Ok();
-    }
-    return PipelineStatus();
+    // Unstaged blocks point into the caller's memory: return once they are in the file.
+    if (!staged) return pipeline->WaitWritten(rec);
+    return pipeline->status();
   }
+
+  // ---- commit -----------------------------------------------------------------------------
 
   // Every tensor a quantized tensor names must have been added.
   Status CheckQuantizedRefs() const {
@@ -580,35 +294,29 @@ class Writer::Impl {
     return Status::Ok();
   }
 
+  // Footer and trailer after the data section, 8-byte aligned.
+  Status WriteFooter() {
+    FERRY_RETURN_IF_ERROR(CheckQuantizedRefs());
+    std::vector<const format::TensorRecord*> records;
+    records.reserve(tensors.size());
+    for (const PipelineTensor& t : tensors) records.push_back(&t);
+    FERRY_ASSIGN_OR_RETURN(std::vector<uint8_t> footer,
+                           format::BuildFooter(std::move(records), extras, path));
+    const auto trailer = format::MakeTrailer(footer);
+    const uint64_t footer_at = AlignUp(pipeline->end(), 8);
+    FERRY_RETURN_IF_ERROR(pipeline->WriteTail(footer_at, footer.data(), footer.size()));
+    FERRY_RETURN_IF_ERROR(
+        pipeline->WriteTail(footer_at + footer.size(), trailer.data(), trailer.size()));
+    return pipeline->Close(pipeline->end());
+  }
+
   // Drains the pipeline, writes footer and trailer, fsyncs and renames. On failure the
   // temporary file is removed and `path` is untouched.
   Status Finish() {
-    Drain();
-    Status st = PipelineStatus();
-    if (st.ok()) st = CheckQuantizedRefs();
-    Result<std::vector<uint8_t>> footer = std::vector<uint8_t>();
-    if (st.ok()) {
-      std::vector<const format::TensorRecord*> records;
-      records.reserve(tensors.size());
-      for (const TensorRecord& t : tensors) records.push_back(&t);
-      footer = format::BuildFooter(std::move(records), extras, path);
-      st = footer.status();
-    }
-    if (st.ok()) {
-      const uint64_t footer_at = AlignUp(pos, 8);
-      const uint64_t footer_size = footer->size();
-      const auto trailer = format::MakeTrailer(*footer);
-      if (sink) {
-        st = sink->Put(pos, nullptr, footer_at - pos);
-        if (st.ok()) st = sink->Put(footer_at, footer->data(), footer_size);
-        if (st.ok()) st = sink->Put(footer_at + footer_size, trailer.data(), trailer.size());
-        if (st.ok()) st = sink->Finish(footer_at + footer_size + trailer.size(), file);
-      } else {
-        st = file.PWriteAll(footer->data(), footer_size, footer_at);
-        if (st.ok()) st = file.PWriteAll(trailer.data(), trailer.size(), footer_at + footer_size);
-      }
-    }
-    sink.reset();
+    pipeline->Drain();
+    Status st = pipeline->status();
+    if (st.ok()) st = WriteFooter();
+    (void)pipeline->Close(0);
     if (st.ok() && options.durable) st = file.Sync();
     if (st.ok()) st = KeepPermissions(file, dest);
     if (st.ok()) st = file.Close();
@@ -655,18 +363,18 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
     return Error(StatusCode::kInvalidArgument, path, ": block_size ", options.block_size,
                  " exceeds the staging pool of ", options.staging->bytes(), " bytes");
   }
-  auto impl = std::make_shared<Impl>();
-  impl->path = path;
-  impl->options = std::move(options);
-  impl->pool = impl->options.staging;
-  impl->extras.producer = impl->options.producer;
+  auto impl = std::make_shared<Impl>(path, std::move(options));
   FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
   impl->tmp_path = TempPath(impl->dest);
   FERRY_ASSIGN_OR_RETURN(impl->file, File::CreateExclusive(impl->tmp_path));
   // Bytes between the magic and the first tensor, and between tensors, are never written:
   // they read as zeros (holes).
-  if (impl->options.direct_io) impl->sink = DirectSink::Open(impl->tmp_path, &impl->file);
-  if (!impl->sink) {
+  std::unique_ptr<DirectSink> sink;
+  if (impl->options.direct_io) sink = DirectSink::Open(impl->tmp_path, &impl->file);
+  const bool direct = sink != nullptr;
+  impl->pipeline = std::make_unique<BlockPipeline>(path, impl->options, &impl->file,
+                                                   std::move(sink), &impl->device);
+  if (!direct) {
     FERRY_RETURN_IF_ERROR(impl->file.PWriteAll(format::kMagic, format::kMagicSize, 0));
   }
   return Writer(std::move(impl));
@@ -761,7 +469,7 @@ Status Writer::SetGlobalSlice(std::string_view name, const std::vector<int64_t>&
   auto it = !tensors.empty() && tensors.back().name == name
                 ? tensors.end() - 1
                 : std::find_if(tensors.begin(), tensors.end(),
-                               [&](const TensorRecord& t) { return t.name == name; });
+                               [&](const PipelineTensor& t) { return t.name == name; });
   if (it == tensors.end()) {
     return Error(StatusCode::kNotFound, impl_->path, ": SetGlobalSlice of ", Quote(name),
                  ", which was not added");
