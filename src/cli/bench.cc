@@ -12,12 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
+#include "base/worker_pool.hpp"
 #include "cli.hpp"
 #include "ferry/loader.hpp"
-#include "base/util.hpp"
+#include "format/block_source.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -223,10 +223,7 @@ class HostCeiling {
       }
     };
     double t0 = Now();
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads_; ++t) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
+    RunParts(threads_, [&](int) { work(); });
     best_ = std::min(best_, Now() - t0);
     return best_;
   }
@@ -366,10 +363,7 @@ int RunBench(const BenchOptions& options) {
           : options.io == "direct"   ? IoMode::kDirect
                                      : IoMode::kAuto;
   lo.verify = options.verify;
-  int threads =
-      options.threads > 0
-          ? options.threads
-          : static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  int threads = options.threads > 0 ? options.threads : DefaultThreads(8);
 
 #ifdef FERRY_HAVE_CUDA
   if (options.device >= 0) {

@@ -3,17 +3,16 @@
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <system_error>
-#include <thread>
 #include <vector>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
+#include "base/worker_pool.hpp"
 #include "codec/codec.hpp"
+#include "codec/planes.hpp"
+#include "format/block_source.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
-#include "codec/planes.hpp"
 #include "format/safetensors.hpp"
-#include "base/util.hpp"
 
 namespace ferry {
 
@@ -447,8 +446,7 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
   // then checked semantically while it is in cache, in one pass. A slice's first name is
   // compared with its predecessor's (another slice's table) after the join, once every table
   // is known to be well formed.
-  const size_t slices = std::clamp<size_t>(
-      std::min<size_t>(n / 16384, std::max(1u, std::thread::hardware_concurrency())), 1, 8);
+  const size_t slices = std::clamp<size_t>(std::min<size_t>(n / 16384, DefaultThreads(8)), 1, 8);
   struct SliceResult {
     Status status;
     uint64_t nonempty = 0;
@@ -459,22 +457,9 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
   // compact array in file order instead of chasing tables across the footer.
   std::vector<std::pair<uint64_t, uint64_t>> ext(n);
   auto slice_begin = [&](size_t k) { return n * k / slices; };
+  // A slice whose thread the system refuses runs here, slower but the same.
   auto run_slices = [&](const std::function<void(size_t)>& fn) {
-    if (slices == 1) {
-      fn(0);
-      return;
-    }
-    std::vector<std::thread> threads;
-    size_t k = 1;
-    try {
-      threads.reserve(slices);
-      for (; k < slices; ++k) threads.emplace_back(fn, k);
-    } catch (const std::system_error&) {
-      // No thread to be had: the remaining slices run here, slower but the same.
-      for (; k < slices; ++k) fn(k);
-    }
-    fn(0);
-    for (auto& t : threads) t.join();
+    RunParts(static_cast<int>(slices), [&](int k) { fn(static_cast<size_t>(k)); });
   };
   auto first_error = [&]() -> Status {
     for (const SliceResult& r : results) {

@@ -2,7 +2,6 @@
 
 #include <exception>
 #include <string>
-#include <system_error>
 #include <utility>
 
 #include "base/util.hpp"
@@ -30,11 +29,8 @@ Handover::~Handover() {
 Status Handover::Start(std::vector<uint32_t> pieces) {
   remaining_.reset(new std::atomic<uint32_t>[pieces.size()]);
   for (size_t k = 0; k < pieces.size(); ++k) remaining_[k].store(pieces[k]);
-  try {
-    thread_ = std::thread([this] { Loop(); });
-  } catch (const std::system_error& e) {
-    return Error(StatusCode::kResourceExhausted, "starting the hand-over thread: ", e.what());
-  }
+  FERRY_RETURN_IF_ERROR(thread_.Start(
+      1, [this](int) { Loop(); }, "starting hand-over thread"));
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (pieces[k] == 0) FERRY_RETURN_IF_ERROR(Queue(k));
   }
@@ -142,7 +138,7 @@ Status Handover::Finish() {
     closing_ = true;
   }
   cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
+  thread_.Join();
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
 }

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/worker_pool.hpp"
 #include "ferry/loader.hpp"
 
 namespace ferry {
@@ -67,7 +68,7 @@ class Handover {
   std::vector<void*> all_events_;
   bool closing_ = false;
   Status error_;
-  std::thread thread_;
+  ThreadGroup thread_;  // one thread
 };
 
 }  // namespace ferry

@@ -14,17 +14,17 @@
 #include <memory>
 #include <mutex>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
+#include "base/worker_pool.hpp"
+#include "codec/planes.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/staging_ring.hpp"
 #include "ferry_generated.h"
+#include "format/block_source.hpp"
 #include "load/handover.hpp"
 #include "load/load_memory.hpp"
 #include "load/load_plan.hpp"
-#include "codec/planes.hpp"
 #include "load/planes_stage.hpp"
-#include "cuda/staging_ring.hpp"
-#include "base/util.hpp"
-#include "base/worker_pool.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda.h>
@@ -34,11 +34,6 @@
 namespace ferry {
 
 namespace {
-
-int DefaultThreads() {
-  unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
-}
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

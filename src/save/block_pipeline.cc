@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <system_error>
 
 #include "base/util.hpp"
 #include "codec/codec.hpp"
@@ -17,9 +16,7 @@ using format::ChunkCodec;
 using format::ChunkRecord;
 
 int Threads(const WriterOptions& options) {
-  if (options.threads > 0) return options.threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
+  return options.threads > 0 ? options.threads : DefaultThreads();
 }
 
 }  // namespace
@@ -35,7 +32,7 @@ BlockPipeline::BlockPipeline(std::string path, const WriterOptions& options, Fil
       sink_(std::move(sink)),
       device_(device) {}
 
-BlockPipeline::~BlockPipeline() { JoinWorkers(); }
+BlockPipeline::~BlockPipeline() { workers_.Join(); }
 
 // First error wins. Called with mu_ held.
 void BlockPipeline::FailLocked(Status st) {
@@ -63,31 +60,20 @@ Status BlockPipeline::Report(uint64_t n) {
 }
 
 Status BlockPipeline::Start() {
-  if (!workers_.empty()) return Status::Ok();
-  const int n = threads_;
-  window_ = 2 * static_cast<uint64_t>(n) + 2;
-  try {
-    for (int i = 0; i < n; ++i) workers_.emplace_back([this] { Work(); });
-  } catch (const std::system_error& e) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      FailLocked(Error(StatusCode::kResourceExhausted, path_, ": cannot start writer threads (",
-                       e.what(), ")"));
-      closed_ = true;
-    }
-    work_cv_.notify_all();
-    JoinWorkers();
+  if (workers_.size() > 0) return Status::Ok();
+  window_ = 2 * static_cast<uint64_t>(threads_) + 2;
+  Status st = workers_.Start(
+      threads_, [this](int) { Work(); }, StrCat(path_, ": cannot start writer thread"));
+  if (st.ok()) return st;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    return error_;
+    FailLocked(std::move(st));
+    closed_ = true;
   }
-  return Status::Ok();
-}
-
-void BlockPipeline::JoinWorkers() {
-  for (auto& t : workers_) {
-    if (t.joinable()) t.join();
-  }
-  workers_.clear();
+  work_cv_.notify_all();
+  workers_.Join();
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
 }
 
 void BlockPipeline::Drain() {
@@ -98,7 +84,7 @@ void BlockPipeline::Drain() {
     done_cv_.wait(lock, [&] { return blocks_done_ == blocks_.size(); });
   }
   work_cv_.notify_all();
-  JoinWorkers();
+  workers_.Join();
 }
 
 void BlockPipeline::Push(Block&& b) {

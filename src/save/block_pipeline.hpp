@@ -16,9 +16,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "base/worker_pool.hpp"
 #include "cuda/staging_pool.hpp"
 #include "ferry/ferry.hpp"
 #include "format/footer_builder.hpp"
@@ -92,7 +92,6 @@ class BlockPipeline {
  private:
   void FailLocked(Status st);
   Status Report(uint64_t n);
-  void JoinWorkers();
   void Work();
   Status Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out, bool skip,
                 std::vector<uint8_t>& scratch);
@@ -122,7 +121,7 @@ class BlockPipeline {
   bool failed_ = false;
   Status error_;
   std::vector<std::unique_ptr<std::vector<uint8_t>>> free_bufs_;
-  std::vector<std::thread> workers_;
+  ThreadGroup workers_;
   uint64_t window_ = 8;  // blocks encoded ahead of the sequencer, at most
 
   std::mutex progress_mu_;      // one progress call at a time, outside mu_

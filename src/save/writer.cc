@@ -14,11 +14,10 @@
 #include <mutex>
 #include <random>
 #include <set>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "base/util.hpp"
+#include "base/worker_pool.hpp"
 #include "cuda/staging_pool.hpp"
 #include "format/footer_builder.hpp"
 #include "format/format.hpp"
@@ -452,11 +451,8 @@ Result<SaveHandle> Writer::CommitAsync() {
     }
     state->cv.notify_all();
   };
-  try {
-    std::thread(finish, impl_).detach();
-  } catch (const std::system_error&) {
-    finish(impl_);  // no thread to spare: finish here, before returning
-  }
+  Status started = StartDetached([finish, impl = impl_] { finish(impl); }, impl_->path);
+  if (!started.ok()) finish(impl_);  // no thread to spare: finish here, before returning
   return SaveHandle(std::move(state));
 }
 
