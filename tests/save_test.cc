@@ -8,15 +8,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <set>
 #include <thread>
 
+#include "cuda/staging_pool.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
-#include "cuda/staging_pool.hpp"
 #include "test_util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -134,6 +136,45 @@ TEST(StagingPoolTest, PiecesAreContiguousAlignedAndReusedInOrder) {
   p.Release(all->id);
   auto big = p.Acquire(16385);
   EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+}
+
+// The loader's staging ring cuts one pool into equal slots: pieces of one slot's size always
+// start on a slot boundary, and a slot comes back only after its holder (and every older one)
+// gave it back.
+TEST(StagingPoolTest, EqualPiecesAreSlots) {
+  constexpr uint64_t kSlot = 3 * 4096, kSlots = 4;
+  auto pool = StagingPool::Impl::Create(kSlots * kSlot, PinnedAlloc::kHostRegister, "ring");
+  ASSERT_TRUE(pool.ok());
+  StagingPool::Impl& p = **pool;
+  struct Held {
+    StagingPool::Impl::Piece piece;
+    bool released = false;
+  };
+  std::deque<Held> live;  // in acquisition order, as the pool keeps them
+  std::mt19937 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    while (live.size() < kSlots) {
+      auto piece = p.Acquire(kSlot);
+      ASSERT_TRUE(piece.ok());
+      const uint64_t off = static_cast<uint64_t>(piece->data - p.base());
+      EXPECT_EQ(off % kSlot, 0u);
+      EXPECT_LT(off, kSlots * kSlot);
+      for (const Held& h : live) EXPECT_NE(h.piece.data, piece->data);
+      live.push_back(Held{*piece});
+    }
+    // Batches finish out of order; a slot is free again once every older one is back.
+    for (int k = 0; k < 2; ++k) {
+      Held& h = live[rng() % live.size()];
+      if (!h.released) p.Release(h.piece.id);
+      h.released = true;
+    }
+    if (!live.front().released) p.Release(live.front().piece.id);
+    live.front().released = true;
+    while (!live.empty() && live.front().released) live.pop_front();
+  }
+  for (const Held& h : live) {
+    if (!h.released) p.Release(h.piece.id);
+  }
 }
 
 TEST(StagingPoolTest, RejectsTinyPools) {

@@ -1,15 +1,14 @@
 // Destination memory of a load (src/load/load_memory.hpp).
 #include "load/load_memory.hpp"
 
-#include <sys/mman.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
-#include "cuda/cuda_util.hpp"
+#include "base/host_memory.hpp"
 #include "base/util.hpp"
+#include "cuda/cuda_util.hpp"
 
 namespace ferry {
 
@@ -22,21 +21,6 @@ LoadedTensor Describe(const Resolved& rr, int device) {
   t.device = device;
   t.data = rr.dst;
   return t;
-}
-}  // namespace
-
-namespace {
-constexpr uint64_t kHugePage = uint64_t{2} << 20;
-
-// Host memory: 2 MiB aligned and advised for transparent huge pages when large, so a fresh
-// process faults it in 2 MiB at a time (one-shot LoadToHost of 8 GiB on an H200 host: 9.1 GB/s
-// into 4 KiB pages, 15-16 into huge pages).
-void* AllocateHostBytes(uint64_t bytes) {
-  if (bytes < kHugePage) return std::aligned_alloc(64, AlignUp(bytes, 64));
-  const uint64_t n = AlignUp(bytes, kHugePage);
-  void* p = std::aligned_alloc(kHugePage, n);
-  if (p != nullptr) ::madvise(p, n, MADV_HUGEPAGE);
-  return p;
 }
 }  // namespace
 
@@ -54,7 +38,8 @@ Status AllocateHost(const BlockSource& source, LoadPlan& plan, std::vector<Loade
   }
   std::shared_ptr<void> arena;
   if (arena_bytes > 0) {
-    void* p = AllocateHostBytes(arena_bytes);
+    uint64_t allocated = 0;
+    void* p = AllocateBulk(arena_bytes, 64, &allocated);
     if (p == nullptr) {
       return Error(StatusCode::kResourceExhausted, source.path(), ": allocating ", arena_bytes,
                    " bytes for ", plan.res.size(), " tensors");

@@ -80,7 +80,6 @@ struct DeviceJob {
   std::atomic<uint64_t> next_group{0}, next_batch{0}, copies{0};
 #ifdef FERRY_HAVE_CUDA_KERNELS
   PlanesStage* planes = nullptr;  // device twins of the ring's slots
-  uint64_t num_slots = 0;
 #endif
 };
 
@@ -228,7 +227,7 @@ Status CopySlot(DeviceJob& job, const Batch& b, const uint8_t* slot) {
 // A batch of whole PLANES blocks: their stored bytes are copied into the slot (from the
 // mapping: hot or cold, the page cache serves them), their headers and tables checked here,
 // then sent to the slot's device twin and expanded into their destinations on the stream.
-Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
+Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t slot_index, uint8_t* slot) {
   const std::vector<Piece>& pieces = job.pieces.staged;
   const BlockSource& source = job.source;
   std::vector<PlanesStaged> blocks;
@@ -259,7 +258,7 @@ Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
     used = p.soff + s.stored_size;
   }
   job.copies.fetch_add(1, std::memory_order_relaxed);
-  return job.planes->Enqueue(k % job.num_slots, slot, used, blocks, job.planes->device_errors(),
+  return job.planes->Enqueue(slot_index, slot, used, blocks, job.planes->device_errors(),
                              job.stream, source.path());
 }
 #endif
@@ -296,7 +295,7 @@ void CopyStaged(DeviceJob& job, StagingRing& ring) {
     const Batch& b = job.pieces.batches[k];
 #ifdef FERRY_HAVE_CUDA_KERNELS
     if (b.planes) {
-      if (st.ok()) st = StagePlanes(job, b, k, slot);
+      if (st.ok()) st = StagePlanes(job, b, ring.SlotOf(k), slot);
     } else
 #endif
     {
@@ -513,10 +512,7 @@ class Loader::Impl {
     const int active =
         explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size(), one_shot);
 #ifdef FERRY_HAVE_CUDA_KERNELS
-    if (nplanes > 0) {
-      job.planes = &planes_stage;
-      job.num_slots = ring->num_slots();
-    }
+    if (nplanes > 0) job.planes = &planes_stage;
 #endif
     Status ran = RunDevice(job, current, dev, active);
 #ifdef FERRY_HAVE_CUDA_KERNELS
