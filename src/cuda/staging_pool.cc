@@ -9,11 +9,11 @@
 #include "base/util.hpp"
 #include "base/worker_pool.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/device_alloc.hpp"
 
 namespace ferry {
 
 namespace {
-constexpr uint64_t kPieceAlign = 256;
 constexpr uint64_t kPageBytes = 4096;
 
 #ifdef FERRY_HAVE_CUDA
@@ -71,7 +71,7 @@ StagingPool::Impl::~Impl() {
 }
 
 Result<StagingPool::Impl::Piece> StagingPool::Impl::Acquire(uint64_t n) {
-  n = AlignUp(std::max<uint64_t>(n, 1), kPieceAlign);
+  n = AlignUp(std::max<uint64_t>(n, 1), kDeviceAlign);
   if (n > bytes_) {
     return Error(StatusCode::kInvalidArgument, "a block of ", n, " bytes does not fit the ", name_,
                  " of ", bytes_, " bytes");

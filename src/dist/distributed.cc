@@ -17,10 +17,11 @@
 #include <thread>
 #include <tuple>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
 #include "codec/codec.hpp"
 #include "cuda/cuda_util.hpp"
-#include "base/util.hpp"
+#include "cuda/device_alloc.hpp"
+#include "format/block_source.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda.h>
@@ -183,7 +184,6 @@ Status NcclStatus(const NcclApi& api, NcclComm comm, int rc, const char* what) {
 constexpr uint64_t kMaxBroadcastBytes = uint64_t{1} << 30;
 // Bounds the work NCCL fuses into one group launch.
 constexpr size_t kMaxGroupOps = 256;
-constexpr uint64_t kArenaAlign = 256;
 
 // What the plan needs to know of the checkpoint: its shards and a name lookup.
 struct Source {
@@ -383,16 +383,15 @@ class DistributedLoader::Impl {
     std::vector<Item> items;
     std::vector<size_t> locals;
     Status plan_status = Resolve(src, requests, &items, &locals);
-    uint64_t arena_bytes = 0;
+    DeviceArena layout;
     std::shared_ptr<void> arena;
     if (plan_status.ok()) {
       for (Item& m : items) {
         if (m.caller_dst != nullptr || m.len == 0) continue;
-        m.arena_off = arena_bytes;
-        arena_bytes += AlignUp(m.len, kArenaAlign);
+        m.arena_off = layout.Place(m.len);
       }
-      if (arena_bytes > 0) {
-        auto allocated = Allocate(arena_bytes, cstream, alloc, src.path);
+      if (layout.bytes > 0) {
+        auto allocated = AllocateDeviceMemory(layout.bytes, cstream, alloc, ctx, src.path);
         if (allocated.ok()) {
           arena = *allocated;
         } else {
@@ -440,7 +439,7 @@ class DistributedLoader::Impl {
       const int root = static_cast<int>(p.segment / rounds);
       uint8_t* ptr = dst_of(m) + p.begin;
       std::vector<Op>& seg_ops = ops[p.segment];
-      // Arena pieces of one segment lie in order with less than kArenaAlign bytes of padding
+      // Arena pieces of one segment lie in order with less than kDeviceAlign bytes of padding
       // between them: one broadcast covers them all, however many tensors they hold. Whether
       // pieces join depends only on the shared plan, so every rank issues the same calls.
       const bool arena_piece = m.caller_dst == nullptr;
@@ -448,7 +447,7 @@ class DistributedLoader::Impl {
       if (arena_piece && !seg_ops.empty() && seg_ops.back().arena) {
         Op& last = seg_ops.back();
         uint8_t* end = last.ptr + last.bytes;
-        if (ptr >= end && static_cast<uint64_t>(ptr - end) < kArenaAlign) {
+        if (ptr >= end && static_cast<uint64_t>(ptr - end) < kDeviceAlign) {
           last.bytes = static_cast<uint64_t>(ptr + p.len - last.ptr);
           joined = true;
         }
@@ -500,30 +499,6 @@ class DistributedLoader::Impl {
     stats.bytes = stats.bytes_read + stats.bytes_received;
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return {std::move(out), true};
-  }
-
-  Result<std::shared_ptr<void>> Allocate(uint64_t bytes, cudaStream_t stream,
-                                         const DeviceAllocator* alloc, const std::string& where) {
-    CUcontext c = ctx;
-    if (alloc != nullptr) {
-      void* p = alloc->allocate(bytes, reinterpret_cast<Stream>(stream));
-      if (p == nullptr) {
-        return Error(StatusCode::kResourceExhausted, where,
-                     ": the allocator returned no memory for ", bytes, " bytes");
-      }
-      auto dealloc = alloc->deallocate;
-      return std::shared_ptr<void>(p, [dealloc, bytes, stream, c](void* q) {
-        ScopedContext scope(c);
-        if (dealloc) dealloc(q, bytes, reinterpret_cast<Stream>(stream));
-      });
-    }
-    void* p = nullptr;
-    cudaError_t err = cudaMallocAsync(&p, bytes, stream);
-    if (err != cudaSuccess) return CudaStatus(err, where, "cudaMallocAsync");
-    return std::shared_ptr<void>(p, [stream, c](void* q) {
-      ScopedContext scope(c);
-      cudaFreeAsync(q, stream);
-    });
   }
 
   template <typename DstOf>
