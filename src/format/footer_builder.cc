@@ -8,6 +8,7 @@
 #include "base/util.hpp"
 #include "codec/codec.hpp"
 #include "ferry_generated.h"
+#include "format/recipe_table.hpp"
 
 namespace ferry::format {
 
@@ -24,50 +25,6 @@ Offset<fb::QuantizedComponent> BuildComponent(FlatBufferBuilder& b,
   auto amax = c->amax.empty() ? 0 : b.CreateString(c->amax);
   return fb::CreateQuantizedComponent(b, data, scale, static_cast<fb::ScaleLayout>(c->scale_layout),
                                       amax);
-}
-
-std::pair<fb::Recipe, Offset<void>> BuildRecipe(FlatBufferBuilder& b, const Recipe& recipe) {
-  struct Visitor {
-    FlatBufferBuilder& b;
-    std::pair<fb::Recipe, Offset<void>> operator()(std::monostate) { return {fb::Recipe::NONE, 0}; }
-    std::pair<fb::Recipe, Offset<void>> operator()(const DelayedScaling& r) {
-      return {fb::Recipe::DelayedScaling,
-              fb::CreateDelayedScaling(b, r.margin, static_cast<fb::Fp8Format>(r.fp8_format),
-                                       r.amax_history_len,
-                                       static_cast<fb::AmaxComputeAlgo>(r.amax_compute_algo),
-                                       r.reduce_amax, r.fp8_dpa, r.fp8_mha)
-                  .Union()};
-    }
-    std::pair<fb::Recipe, Offset<void>> operator()(const Float8CurrentScaling& r) {
-      return {fb::Recipe::Float8CurrentScaling,
-              fb::CreateFloat8CurrentScaling(b, static_cast<fb::Fp8Format>(r.fp8_format), r.fp8_dpa,
-                                             r.fp8_mha)
-                  .Union()};
-    }
-    std::pair<fb::Recipe, Offset<void>> operator()(const MXFP8BlockScaling& r) {
-      return {fb::Recipe::MXFP8BlockScaling,
-              fb::CreateMXFP8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format)).Union()};
-    }
-    std::pair<fb::Recipe, Offset<void>> operator()(const Float8BlockScaling& r) {
-      return {fb::Recipe::Float8BlockScaling,
-              fb::CreateFloat8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format),
-                                           r.x_block_scaling_dim, r.w_block_scaling_dim,
-                                           r.grad_block_scaling_dim)
-                  .Union()};
-    }
-    std::pair<fb::Recipe, Offset<void>> operator()(const NVFP4BlockScaling& r) {
-      return {fb::Recipe::NVFP4BlockScaling,
-              fb::CreateNVFP4BlockScaling(b, r.disable_rht, r.disable_stochastic_rounding,
-                                          r.disable_2d_quantization)
-                  .Union()};
-    }
-    std::pair<fb::Recipe, Offset<void>> operator()(const CustomRecipe& r) {
-      auto name = b.CreateString(r.name);
-      auto qf = r.qfactory.empty() ? 0 : b.CreateString(r.qfactory);
-      return {fb::Recipe::CustomRecipe, fb::CreateCustomRecipe(b, name, qf).Union()};
-    }
-  };
-  return std::visit(Visitor{b}, recipe);
 }
 
 Offset<fb::Tensor> BuildTensor(FlatBufferBuilder& b, const TensorRecord& t,
@@ -117,7 +74,7 @@ Offset<fb::ScalingState> BuildScaling(FlatBufferBuilder& b, const std::string& m
   }
   auto dvec = b.CreateVector(doffs);
   auto mname = b.CreateString(module);
-  auto [rtype, roff] = BuildRecipe(b, s.recipe);
+  auto [rtype, roff] = RecipeToTable(b, s.recipe);
   return fb::CreateScalingState(b, mname, rtype, roff, dvec);
 }
 

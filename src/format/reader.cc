@@ -12,6 +12,7 @@
 #include "format/block_source.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
+#include "format/recipe_table.hpp"
 #include "format/safetensors.hpp"
 
 namespace ferry {
@@ -231,50 +232,9 @@ size_t Count(const flatbuffers::Vector<flatbuffers::Offset<T>>* v) {
   return v == nullptr ? 0 : v->size();
 }
 
-bool ValidFp8Format(fb::Fp8Format f) { return static_cast<uint8_t>(f) <= 2; }
-
 Status CheckRecipe(const Validator& v, const fb::ScalingState* s, const std::string& where) {
-  switch (s->recipe_type()) {
-    case fb::Recipe::NONE:
-      return Status::Ok();
-    case fb::Recipe::DelayedScaling: {
-      auto* r = s->recipe_as_DelayedScaling();
-      if (r == nullptr) return v.Fail(where + ": missing recipe table");
-      if (!ValidFp8Format(r->fp8_format()) || static_cast<uint8_t>(r->amax_compute_algo()) > 1) {
-        return v.Fail(where + ": DelayedScaling has an unknown enum value");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::Float8CurrentScaling: {
-      auto* r = s->recipe_as_Float8CurrentScaling();
-      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
-        return v.Fail(where + ": bad Float8CurrentScaling");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::MXFP8BlockScaling: {
-      auto* r = s->recipe_as_MXFP8BlockScaling();
-      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
-        return v.Fail(where + ": bad MXFP8BlockScaling");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::Float8BlockScaling: {
-      auto* r = s->recipe_as_Float8BlockScaling();
-      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
-        return v.Fail(where + ": bad Float8BlockScaling");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::NVFP4BlockScaling:
-      if (s->recipe_as_NVFP4BlockScaling() == nullptr) return v.Fail(where + ": bad NVFP4");
-      return Status::Ok();
-    case fb::Recipe::CustomRecipe:
-      if (s->recipe_as_CustomRecipe() == nullptr) return v.Fail(where + ": bad CustomRecipe");
-      return Status::Ok();
-    default:
-      return v.Fail(StrCat(where, ": unknown recipe type ", static_cast<int>(s->recipe_type())));
-  }
+  const std::string why = format::CheckRecipeTable(s);
+  return why.empty() ? Status::Ok() : v.Fail(StrCat(where, ": ", why));
 }
 
 Status CheckScaling(const Validator& v, const fb::Checkpoint* ck) {
@@ -682,46 +642,6 @@ std::optional<QuantizedComponent> ToComponent(const fb::QuantizedComponent* c) {
   return out;
 }
 
-Recipe ToRecipe(const fb::ScalingState* s) {
-  switch (s->recipe_type()) {
-    case fb::Recipe::DelayedScaling: {
-      auto* r = s->recipe_as_DelayedScaling();
-      DelayedScaling d;
-      d.margin = r->margin();
-      d.fp8_format = static_cast<Fp8Format>(r->fp8_format());
-      d.amax_history_len = r->amax_history_len();
-      d.amax_compute_algo = static_cast<AmaxComputeAlgo>(r->amax_compute_algo());
-      d.reduce_amax = r->reduce_amax();
-      d.fp8_dpa = r->fp8_dpa();
-      d.fp8_mha = r->fp8_mha();
-      return d;
-    }
-    case fb::Recipe::Float8CurrentScaling: {
-      auto* r = s->recipe_as_Float8CurrentScaling();
-      return Float8CurrentScaling{static_cast<Fp8Format>(r->fp8_format()), r->fp8_dpa(),
-                                  r->fp8_mha()};
-    }
-    case fb::Recipe::MXFP8BlockScaling:
-      return MXFP8BlockScaling{
-          static_cast<Fp8Format>(s->recipe_as_MXFP8BlockScaling()->fp8_format())};
-    case fb::Recipe::Float8BlockScaling: {
-      auto* r = s->recipe_as_Float8BlockScaling();
-      return Float8BlockScaling{static_cast<Fp8Format>(r->fp8_format()), r->x_block_scaling_dim(),
-                                r->w_block_scaling_dim(), r->grad_block_scaling_dim()};
-    }
-    case fb::Recipe::NVFP4BlockScaling: {
-      auto* r = s->recipe_as_NVFP4BlockScaling();
-      return NVFP4BlockScaling{r->disable_rht(), r->disable_stochastic_rounding(),
-                               r->disable_2d_quantization()};
-    }
-    case fb::Recipe::CustomRecipe: {
-      auto* r = s->recipe_as_CustomRecipe();
-      return CustomRecipe{std::string(Sv(r->name())), std::string(Sv(r->qfactory()))};
-    }
-    default:
-      return std::monostate{};
-  }
-}
 }  // namespace
 
 std::vector<QuantizedTensor> Reader::quantized() const {
@@ -749,7 +669,7 @@ std::vector<ScalingState> Reader::scaling_states() const {
     auto* s = ss->Get(static_cast<flatbuffers::uoffset_t>(i));
     ScalingState state;
     state.module = std::string(Sv(s->module_()));
-    state.recipe = ToRecipe(s);
+    state.recipe = format::RecipeFromTable(s);
     for (size_t d = 0; d < Count(s->states()); ++d) {
       auto* ds = s->states()->Get(static_cast<flatbuffers::uoffset_t>(d));
       DirectionState dir;
