@@ -17,7 +17,7 @@ namespace ferry {
 std::unique_ptr<DirectSink> DirectSink::Open(const std::string& path, File* fallback) {
   int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
   if (fd < 0) return nullptr;
-  auto sink = std::unique_ptr<DirectSink>(new DirectSink(fd, path));
+  auto sink = std::unique_ptr<DirectSink>(new DirectSink(fd, fallback->path()));
   if (sink->mem_ == nullptr) return nullptr;
   std::memset(sink->mem_, 0, format::kFirstDataOffset);
   std::memcpy(sink->mem_, format::kMagic, format::kMagicSize);
@@ -29,7 +29,7 @@ std::unique_ptr<DirectSink> DirectSink::Open(const std::string& path, File* fall
   return sink;
 }
 
-DirectSink::DirectSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
+DirectSink::DirectSink(int fd, std::string name) : fd_(fd), name_(std::move(name)) {
   mem_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kSegment * kRing));
 }
 
@@ -80,7 +80,7 @@ Status DirectSink::Finish(uint64_t end, File& tail) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
     if (base_ != last || filled_[last % kRing] != bytes) {
-      return Error(StatusCode::kInternal, path_, ": direct writer out of step at ", end);
+      return Error(StatusCode::kInternal, name_, ": direct writer out of step at ", end);
     }
   }
   const uint8_t* src = mem_ + (last % kRing) * kSegment;
@@ -101,12 +101,9 @@ Status DirectSink::PWrite(const uint8_t* src, uint64_t n, uint64_t offset) {
       return fallback_->PWriteAll(src + done, n - done, offset + done);
     }
     if (w <= 0) {
-      int err = w < 0 ? errno : EIO;
-      StatusCode code = err == ENOSPC || err == EDQUOT || err == EFBIG
-                            ? StatusCode::kResourceExhausted
-                            : StatusCode::kIoError;
-      return Error(code, path_, ": direct write at offset ", offset + done, " failed ",
-                   ErrnoText(err));
+      // IoError whatever the errno (a full disk included), as the buffered writes report it.
+      return Error(StatusCode::kIoError, name_, ": direct write at offset ", offset + done,
+                   " failed ", ErrnoText(w < 0 ? errno : EIO));
     }
     done += static_cast<uint64_t>(w);
   }

@@ -27,7 +27,8 @@ class DirectSink {
 
   // Opens `path` a second time with O_DIRECT and writes the first page (the magic, then zeros
   // up to the first tensor). Null where the file system refuses direct I/O (tmpfs): the caller
-  // keeps buffered writes. `fallback` (the same file, buffered) takes what direct I/O refuses.
+  // keeps buffered writes. `fallback` (the same file, buffered) takes what direct I/O refuses;
+  // messages name the file as it does.
   static std::unique_ptr<DirectSink> Open(const std::string& path, File* fallback);
   ~DirectSink();
   DirectSink(const DirectSink&) = delete;
@@ -46,12 +47,12 @@ class DirectSink {
   Status Finish(uint64_t end, File& tail);
 
  private:
-  DirectSink(int fd, std::string path);
+  DirectSink(int fd, std::string name);
   Status PWrite(const uint8_t* src, uint64_t n, uint64_t offset);
   Status WriteSegment(uint64_t seg);
 
   int fd_;
-  std::string path_;
+  std::string name_;  // in messages
   uint8_t* mem_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -7,12 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include <random>
 #include <set>
 #include <vector>
 
@@ -22,6 +20,7 @@
 #include "format/footer_builder.hpp"
 #include "format/format.hpp"
 #include "io/io.hpp"
+#include "io/temp_file.hpp"
 #include "save/block_pipeline.hpp"
 #include "save/device_snapshot.hpp"
 #include "save/direct_sink.hpp"
@@ -29,16 +28,6 @@
 namespace ferry {
 
 namespace {
-
-std::string TempPath(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
-  uint64_t r = (uint64_t{rd()} << 32) ^ rd() ^ counter.fetch_add(1);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), ".tmp.%d.%016llx", static_cast<int>(::getpid()),
-                static_cast<unsigned long long>(r));
-  return path + buf;
-}
 
 Status CheckKey(const std::string& path, std::string_view key, const char* kind) {
   if (key.empty()) return Error(StatusCode::kInvalidArgument, path, ": empty ", kind);
@@ -87,7 +76,8 @@ class Writer::Impl {
   std::string path;
   std::string tmp_path;
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
-  File file;
+  File file;         // the temporary file; messages name `dest`
+  File temp_lock;    // its lock (io/temp_file.hpp), held until the rename or the removal
   WriterOptions options;
   bool spent = false;  // Commit, CommitAsync or Abort was reached (caller's side)
   bool finished = false;
@@ -109,6 +99,7 @@ class Writer::Impl {
     }
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
+    (void)temp_lock.Close();
   }
 
   Status CheckUsable() const {
@@ -323,8 +314,10 @@ class Writer::Impl {
     if (!st.ok()) {
       (void)file.Close();
       ::unlink(tmp_path.c_str());
+      (void)temp_lock.Close();
       return st;
     }
+    (void)temp_lock.Close();
     finished = true;
     if (options.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(dest));
     return Status::Ok();
@@ -364,8 +357,11 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
   }
   auto impl = std::make_shared<Impl>(path, std::move(options));
   FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
-  impl->tmp_path = TempPath(impl->dest);
-  FERRY_ASSIGN_OR_RETURN(impl->file, File::CreateExclusive(impl->tmp_path));
+  SweepStaleTemps(impl->dest);
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(impl->dest));
+  impl->file = std::move(temp.file);
+  impl->tmp_path = std::move(temp.path);
+  impl->temp_lock = std::move(temp.lock);
   // Bytes between the magic and the first tensor, and between tensors, are never written:
   // they read as zeros (holes).
   std::unique_ptr<DirectSink> sink;
