@@ -77,6 +77,7 @@ Status BlockPipeline::Start() {
 }
 
 void BlockPipeline::Drain() {
+  FlushSmall();
   {
     std::unique_lock<std::mutex> lock(mu_);
     closed_ = true;
@@ -88,10 +89,44 @@ void BlockPipeline::Drain() {
 }
 
 void BlockPipeline::Push(Block&& b) {
+  FlushSmall();
   {
     std::lock_guard<std::mutex> lock(mu_);
     b.rec->pending++;
     blocks_.push_back(std::move(b));
+  }
+  work_cv_.notify_one();
+}
+
+uint8_t* BlockPipeline::AddSmall(PipelineTensor* rec, size_t n) {
+  if (gathered_ + n > kBatchBytes) FlushSmall();
+  if (!gathering_.batch_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_batches_.empty()) {
+      gathering_.batch_bytes.reset(new uint8_t[kBatchBytes]);
+    } else {
+      gathering_.batch_bytes = std::move(free_batches_.back());
+      free_batches_.pop_back();
+    }
+  }
+  Block b;
+  b.rec = rec;
+  b.n = n;
+  b.raw = gathering_.batch_bytes.get() + gathered_;
+  b.first = b.last = true;
+  gathered_ += n;
+  gathering_.parts.push_back(std::move(b));
+  return const_cast<uint8_t*>(gathering_.parts.back().raw);
+}
+
+void BlockPipeline::FlushSmall() {
+  if (gathering_.parts.empty()) return;
+  Block batch = std::move(gathering_);
+  gathering_ = Block();
+  gathered_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks_.push_back(std::move(batch));
   }
   work_cv_.notify_one();
 }
@@ -104,7 +139,8 @@ Status BlockPipeline::WaitWritten(const PipelineTensor& rec) {
 
 void BlockPipeline::Work() {
   void* bound = nullptr;  // the CUDA context this thread has made current
-  std::vector<uint8_t> scratch;
+  std::vector<uint8_t> scratch, span;
+  std::unique_ptr<std::vector<uint8_t>> spare;  // a batch's encode buffer, reused
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (!write_queue_.empty()) {
@@ -113,20 +149,15 @@ void BlockPipeline::Work() {
       b->state = Block::State::kWriting;
       const bool skip = failed_;
       lock.unlock();
-      Status st;
-      if (!skip && sink_) {
-        st = sink_->Put(b->offset - b->pad, nullptr, b->pad);
-        if (st.ok()) st = sink_->Put(b->offset, b->data, b->stored);
-      } else if (!skip && b->stored > 0) {
-        st = file_->PWriteAll(b->data, b->stored, b->offset);
-      }
-      if (!skip && st.ok() && progress_) st = Report(b->n);
+      Status st = skip ? Status::Ok() : WriteBlock(*b, span);
       if (b->pool != nullptr) b->pool->Release(b->piece);
       lock.lock();
       if (!st.ok()) FailLocked(std::move(st));
       if (b->out) free_bufs_.push_back(std::move(b->out));
+      if (b->batch_bytes) free_batches_.push_back(std::move(b->batch_bytes));
+      b->parts = std::vector<Block>();
       b->state = Block::State::kDone;
-      b->rec->pending--;
+      if (b->rec != nullptr) b->rec->pending--;
       ++blocks_done_;
       done_cv_.notify_all();
       if (closed_ && blocks_done_ == blocks_.size()) work_cv_.notify_all();
@@ -137,7 +168,7 @@ void BlockPipeline::Work() {
       b->state = Block::State::kEncoding;
       const bool skip = failed_;
       std::unique_ptr<std::vector<uint8_t>> out;
-      if (!skip && b->rec->encoding != Encoding::kRaw) {
+      if (!skip && (b->rec == nullptr || b->rec->encoding != Encoding::kRaw)) {
         if (free_bufs_.empty()) {
           out = std::make_unique<std::vector<uint8_t>>();
         } else {
@@ -147,8 +178,10 @@ void BlockPipeline::Work() {
       }
       if (b->event != nullptr) device_->BindWorker(&bound);
       lock.unlock();
-      Status st = Encode(*b, std::move(out), skip, scratch);
+      Status st = b->rec == nullptr ? EncodeBatch(*b, out, skip, scratch, spare)
+                                    : Encode(*b, out, skip, scratch);
       lock.lock();
+      if (out) free_bufs_.push_back(std::move(out));
       if (b->event != nullptr) {
         device_->Recycle(b->event);
         b->event = nullptr;
@@ -163,8 +196,69 @@ void BlockPipeline::Work() {
   }
 }
 
-// Waits for the block's bytes, then checksums and encodes them. Runs without mu_.
-Status BlockPipeline::Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out, bool skip,
+// A block's stored bytes, or a batch's as one run (the zeros between its blocks included).
+// Runs without mu_.
+Status BlockPipeline::WriteBlock(Block& b, std::vector<uint8_t>& span) {
+  uint64_t raw = b.n;
+  if (b.parts.empty()) {
+    if (sink_) {
+      FERRY_RETURN_IF_ERROR(sink_->Put(b.offset - b.pad, nullptr, b.pad));
+      FERRY_RETURN_IF_ERROR(sink_->Put(b.offset, b.data, b.stored));
+    } else if (b.stored > 0) {
+      FERRY_RETURN_IF_ERROR(file_->PWriteAll(b.data, b.stored, b.offset));
+    }
+  } else {
+    const uint64_t begin = b.parts.front().offset - b.parts.front().pad;
+    const uint64_t end = b.parts.back().offset + b.parts.back().stored;
+    span.assign(end - begin, 0);
+    raw = 0;
+    for (const Block& p : b.parts) {
+      if (p.stored > 0) std::memcpy(span.data() + (p.offset - begin), p.data, p.stored);
+      raw += p.n;
+    }
+    if (sink_) {
+      FERRY_RETURN_IF_ERROR(sink_->Put(begin, span.data(), span.size()));
+    } else if (!span.empty()) {
+      FERRY_RETURN_IF_ERROR(file_->PWriteAll(span.data(), span.size(), begin));
+    }
+  }
+  return progress_ ? Report(raw) : Status::Ok();
+}
+
+// Encodes every block of a batch, one after another. The stored bytes of those that encoding
+// changed are gathered in `out` (becoming the batch's), so a batch owns one buffer whatever
+// its size; `spare` is the per-block buffer each is encoded into first. Runs without mu_.
+Status BlockPipeline::EncodeBatch(Block& batch, std::unique_ptr<std::vector<uint8_t>>& out,
+                                  bool skip, std::vector<uint8_t>& scratch,
+                                  std::unique_ptr<std::vector<uint8_t>>& spare) {
+  std::vector<size_t> at(batch.parts.size(), SIZE_MAX);
+  size_t used = 0;
+  for (size_t i = 0; i < batch.parts.size(); ++i) {
+    Block& p = batch.parts[i];
+    if (!skip && !spare && p.rec->encoding != Encoding::kRaw && p.n > 0) {
+      spare = std::make_unique<std::vector<uint8_t>>();
+    }
+    FERRY_RETURN_IF_ERROR(Encode(p, spare, skip, scratch));
+    if (p.out) {
+      if (out->size() < used + p.stored) out->resize(std::max(used + p.stored, 2 * out->size()));
+      std::memcpy(out->data() + used, p.data, p.stored);
+      at[i] = used;
+      used += p.stored;
+      spare = std::move(p.out);
+    }
+  }
+  if (used == 0) return Status::Ok();
+  for (size_t i = 0; i < batch.parts.size(); ++i) {
+    if (at[i] != SIZE_MAX) batch.parts[i].data = out->data() + at[i];
+  }
+  batch.out = std::move(out);
+  return Status::Ok();
+}
+
+// Waits for the block's bytes, then checksums and encodes them. The block keeps `out` (as its
+// `out`) when its stored bytes are there; otherwise `out` is left to the caller. Runs without
+// mu_.
+Status BlockPipeline::Encode(Block& b, std::unique_ptr<std::vector<uint8_t>>& out, bool skip,
                              std::vector<uint8_t>& scratch) {
   if (b.event != nullptr) {
     // Even a failed save waits: the copy writes into a staging piece that is about to be
@@ -178,7 +272,7 @@ Status BlockPipeline::Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out
   if (b.rec->encoding == Encoding::kRaw) return Status::Ok();
   const uint8_t* input = b.raw;
   size_t width = ShuffleWidth(b.rec->dtype);
-  if (b.rec->encoding == Encoding::kPlanes) return EncodePlanes(b, std::move(out), scratch);
+  if (b.rec->encoding == Encoding::kPlanes) return EncodePlanes(b, out, scratch);
   b.codec = ChunkCodec::kZstd;
   if (b.rec->encoding == Encoding::kShuffleZstd && width > 1) {
     if (scratch.size() < b.n) scratch.resize(b.n);
@@ -199,18 +293,16 @@ Status BlockPipeline::Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out
     // Stored chunks of a shuffled tensor hold the shuffled bytes (the reader unshuffles).
     std::memcpy(out->data(), input, b.n);
   } else {
-    out.reset();  // stored as they are: written straight from `raw`
+    return Status::Ok();  // stored as they are: written straight from `raw`
   }
-  if (out) {
-    b.data = out->data();
-    b.out = std::move(out);
-  }
+  b.data = out->data();
+  b.out = std::move(out);
   return Status::Ok();
 }
 
 // Planes blocks that do not pay are stored raw and unshuffled: the loader then copies them
 // like raw data, straight from `raw`.
-Status BlockPipeline::EncodePlanes(Block& b, std::unique_ptr<std::vector<uint8_t>> out,
+Status BlockPipeline::EncodePlanes(Block& b, std::unique_ptr<std::vector<uint8_t>>& out,
                                    std::vector<uint8_t>& scratch) {
   if (scratch.size() < b.n) scratch.resize(b.n);
   const size_t bound = planes::Bound(b.n);
@@ -232,24 +324,11 @@ void BlockPipeline::Sequence() {
   bool any = false;
   while (seq_ < blocks_.size() && blocks_[seq_].state == Block::State::kEncoded) {
     Block& b = blocks_[seq_++];
-    PipelineTensor& r = *b.rec;
     if (!failed_) {
-      const uint64_t end = pos_;
-      if (b.first) {
-        pos_ = AlignUp(pos_, format::TensorAlignment(r.nbytes));
-        r.data_offset = pos_;
-      }
-      b.offset = pos_;
-      b.pad = pos_ - end;
-      if (b.n > 0) r.checksums.push_back(b.checksum);
-      if (r.encoding != Encoding::kRaw && b.n > 0) {
-        r.chunks.push_back(ChunkRecord{pos_ - r.data_offset, b.stored,
-                                       b.compressed ? b.codec : ChunkCodec::kStored});
-      }
-      pos_ += b.stored;
-      if (b.last) {
-        r.data_size = pos_ - r.data_offset;
-        if (r.data_size == 0) r.data_offset = 0;
+      if (b.parts.empty()) {
+        Place(b);
+      } else {
+        for (Block& p : b.parts) Place(p);
       }
     }
     b.state = Block::State::kAssigned;
@@ -257,6 +336,28 @@ void BlockPipeline::Sequence() {
     any = true;
   }
   if (any) work_cv_.notify_all();
+}
+
+// The file offset of one encoded block, and its tensor's record. Called with mu_ held.
+void BlockPipeline::Place(Block& b) {
+  PipelineTensor& r = *b.rec;
+  const uint64_t end = pos_;
+  if (b.first) {
+    pos_ = AlignUp(pos_, format::TensorAlignment(r.nbytes));
+    r.data_offset = pos_;
+  }
+  b.offset = pos_;
+  b.pad = pos_ - end;
+  if (b.n > 0) r.checksums.push_back(b.checksum);
+  if (r.encoding != Encoding::kRaw && b.n > 0) {
+    r.chunks.push_back(
+        ChunkRecord{pos_ - r.data_offset, b.stored, b.compressed ? b.codec : ChunkCodec::kStored});
+  }
+  pos_ += b.stored;
+  if (b.last) {
+    r.data_size = pos_ - r.data_offset;
+    if (r.data_size == 0) r.data_offset = 0;
+  }
 }
 
 Status BlockPipeline::WriteTail(uint64_t offset, const uint8_t* data, uint64_t n) {

@@ -208,9 +208,46 @@ class Writer::Impl {
     return st;
   }
 
+  // A host or pulled tensor of one small block: copied into the pipeline's batch, so it costs
+  // no thread hand-off (and the caller's memory is free at the return, as when staged).
+  Status AddSmall(PipelineTensor& rec, const Source& src) {
+    uint8_t* dst = pipeline->AddSmall(&rec, rec.nbytes);
+    if (rec.nbytes == 0) return pipeline->status();
+    if (src.kind == Source::Kind::kHost) {
+      std::memcpy(dst, src.host, rec.nbytes);
+      return pipeline->status();
+    }
+    Status st = (*src.fill)(0, dst, rec.nbytes);
+    if (!st.ok()) {
+      return Spoil(Error(st.code(), path, ": tensor ", Quote(rec.name),
+                         ": source failed at byte 0: ", st.message()));
+    }
+    return pipeline->status();
+  }
+
+  PipelineTensor& NewRecord(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                            uint64_t nbytes, Encoding encoding) {
+    tensors.emplace_back();
+    PipelineTensor& rec = tensors.back();
+    rec.name = std::string(name);
+    rec.dtype = dtype;
+    rec.shape = shape;
+    rec.nbytes = nbytes;
+    rec.encoding = nbytes == 0 ? Encoding::kRaw : encoding;
+    rec.block_size = nbytes == 0 ? 0 : options.block_size;
+    names.insert(rec.name);
+    return rec;
+  }
+
   Status Add(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
              const Source& src, Encoding encoding) {
     FERRY_ASSIGN_OR_RETURN(const uint64_t nbytes, CheckTensor(name, dtype, shape, src, encoding));
+    if (src.kind != Source::Kind::kDevice &&
+        nbytes <= std::min(BlockPipeline::kSmallBytes, options.block_size)) {
+      FERRY_RETURN_IF_ERROR(pipeline->status());
+      FERRY_RETURN_IF_ERROR(pipeline->Start());
+      return AddSmall(NewRecord(name, dtype, shape, nbytes, encoding), src);
+    }
     const std::string where = StrCat(path, ": tensor ", Quote(name));
     const bool staged = src.kind != Source::Kind::kHost || options.staging != nullptr;
     StagingPool::Impl* staging = nullptr;
@@ -227,16 +264,7 @@ class Writer::Impl {
     FERRY_RETURN_IF_ERROR(pipeline->status());
     FERRY_RETURN_IF_ERROR(pipeline->Start());
 
-    tensors.emplace_back();
-    PipelineTensor& rec = tensors.back();
-    rec.name = std::string(name);
-    rec.dtype = dtype;
-    rec.shape = shape;
-    rec.nbytes = nbytes;
-    rec.encoding = nbytes == 0 ? Encoding::kRaw : encoding;
-    rec.block_size = nbytes == 0 ? 0 : options.block_size;
-    names.insert(rec.name);
-
+    PipelineTensor& rec = NewRecord(name, dtype, shape, nbytes, encoding);
     const uint64_t bs = options.block_size;
     uint64_t off = 0;
     do {
