@@ -28,8 +28,10 @@ class StagingPool::Impl {
  public:
   // A pool of `bytes` (> 0). kHostRegister: host memory now, registered by EnsurePinned;
   // kHostAlloc: pinned now by cudaHostAlloc (Unimplemented without CUDA). `name` names the
-  // pool in messages ("staging pool", "staging ring").
-  static Result<std::unique_ptr<Impl>> Create(uint64_t bytes, PinnedAlloc alloc, std::string name);
+  // pool in messages ("staging pool", "staging ring"). Hidden: the class has StagingPool's
+  // exported visibility, and this is no API.
+  __attribute__((visibility("hidden"))) static Result<std::unique_ptr<Impl>> Create(
+      uint64_t bytes, PinnedAlloc alloc, std::string name);
   ~Impl();
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
