@@ -11,10 +11,10 @@
 #include <random>
 #include <set>
 
+#include "base/util.hpp"
 #include "format/block_source.hpp"
 #include "format/checkpoint_index.hpp"
 #include "io/io.hpp"
-#include "base/util.hpp"
 
 namespace ferry {
 
@@ -382,6 +382,12 @@ Status ShardedSave::CommitAsync() {
   }
   impl_->pending.emplace(std::move(h).value());
   return Status::Ok();
+}
+
+bool ShardedSave::shard_done() const {
+  if (impl_->done) return true;
+  if (!impl_->pending) return false;
+  return !impl_->async_error.ok() || impl_->pending->done();
 }
 
 Status ShardedSave::Finish() {
