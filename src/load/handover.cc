@@ -14,17 +14,11 @@ namespace ferry {
 
 Handover::Handover(const ReadyCallback& callback, HandOver when,
                    const std::vector<LoadedTensor>& out, bool device, Stream stream, void* ctx)
-    : callback_(callback), when_(when), device_(device), out_(out), stream_(stream), ctx_(ctx) {}
-
-Handover::~Handover() {
-  Finish();
-#ifdef FERRY_HAVE_CUDA
-  if (!all_events_.empty()) {
-    ScopedContext scope(static_cast<CUcontext>(ctx_));
-    for (void* e : all_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-  }
-#endif
+    : callback_(callback), when_(when), device_(device), out_(out), stream_(stream), ctx_(ctx) {
+  events_.set_context(ctx);
 }
+
+Handover::~Handover() { Finish(); }
 
 Status Handover::Start(std::vector<uint32_t> pieces) {
   remaining_.reset(new std::atomic<uint32_t>[pieces.size()]);
@@ -42,34 +36,16 @@ Status Handover::PieceDone(size_t k) {
   return Queue(k);
 }
 
-void* Handover::TakeEvent() {
-#ifdef FERRY_HAVE_CUDA
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!free_events_.empty()) {
-      void* e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-  }
-  cudaEvent_t e = nullptr;
-  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  all_events_.push_back(e);
-  return e;
-#else
-  return nullptr;
-#endif
-}
-
 Status Handover::Queue(size_t k) {
   void* event = nullptr;
 #ifdef FERRY_HAVE_CUDA
   if (device_) {
-    event = TakeEvent();
-    if (event == nullptr) {
-      return Error(StatusCode::kCudaError, "creating a hand-over event for tensor #", k);
+    auto taken = events_.Take("hand-over");
+    if (!taken.ok()) {
+      return Error(taken.status().code(), "creating a hand-over event for tensor #", k, ": ",
+                   taken.status().message());
     }
+    event = *taken;
     cudaError_t err =
         cudaEventRecord(static_cast<cudaEvent_t>(event), reinterpret_cast<cudaStream_t>(stream_));
     if (err != cudaSuccess) return CudaStatus(err, "hand-over", "cudaEventRecord");
@@ -127,7 +103,7 @@ void Handover::Loop() {
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (item.event != nullptr) free_events_.push_back(item.event);
+    if (item.event != nullptr) events_.Give(item.event);
     if (!st.ok() && error_.ok()) error_ = std::move(st);
   }
 }

@@ -18,12 +18,6 @@ cudaEvent_t Ev(void* e) { return static_cast<cudaEvent_t>(e); }
 cudaStream_t St(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 }  // namespace
 
-DeviceSnapshot::~DeviceSnapshot() {
-  if (all_events_.empty()) return;
-  ScopedContext scope(static_cast<CUcontext>(ctx_));
-  for (void* e : all_events_) cudaEventDestroy(Ev(e));
-}
-
 Status DeviceSnapshot::Bind(const std::string& where, const void* data, uint64_t nbytes) {
   int dev = -1;
   FERRY_CUDA_RETURN(cudaGetDevice(&dev), where);
@@ -52,6 +46,7 @@ Status DeviceSnapshot::Bind(const std::string& where, const void* data, uint64_t
   if (device_ < 0) {
     device_ = dev;
     ctx_ = cur;
+    events_.set_context(cur);
   } else if (dev != device_ || cur != ctx_) {
     return Error(StatusCode::kInvalidArgument, where, ": device ", dev,
                  " is current, but this writer's device tensors are on device ", device_);
@@ -59,24 +54,9 @@ Status DeviceSnapshot::Bind(const std::string& where, const void* data, uint64_t
   return Status::Ok();
 }
 
-Result<void*> DeviceSnapshot::TakeEvent() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!free_events_.empty()) {
-      void* e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-  }
-  cudaEvent_t e = nullptr;
-  FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), path_);
-  all_events_.push_back(e);
-  return static_cast<void*>(e);
-}
-
 Result<void*> DeviceSnapshot::Copy(void* dst, const void* src, uint64_t n, Stream stream,
                                    const std::string& where, uint64_t offset) {
-  FERRY_ASSIGN_OR_RETURN(void* ev, TakeEvent());
+  FERRY_ASSIGN_OR_RETURN(void* ev, events_.Take(path_));
   cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, St(stream));
   if (err == cudaSuccess) err = cudaEventRecord(Ev(ev), St(stream));
   if (err == cudaSuccess) return ev;
@@ -92,10 +72,7 @@ Status DeviceSnapshot::RecordTail(Stream stream) {
     if (s == stream) e = ev;
   }
   if (e == nullptr) {
-    cudaEvent_t created = nullptr;
-    FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&created, cudaEventDisableTiming), path_);
-    e = created;
-    all_events_.push_back(e);
+    FERRY_ASSIGN_OR_RETURN(e, events_.Take(path_));
     tails_.emplace_back(stream, e);
   }
   FERRY_CUDA_RETURN(cudaEventRecord(Ev(e), St(stream)), path_);
@@ -124,14 +101,9 @@ Status DeviceSnapshot::WaitCopy(void* event, std::string_view tensor) {
   return Status::Ok();
 }
 
-void DeviceSnapshot::Recycle(void* event) {
-  std::lock_guard<std::mutex> lock(mu_);
-  free_events_.push_back(event);
-}
+void DeviceSnapshot::Recycle(void* event) { events_.Give(event); }
 
 #else  // !FERRY_HAVE_CUDA
-
-DeviceSnapshot::~DeviceSnapshot() = default;
 
 Status DeviceSnapshot::Bind(const std::string& where, const void*, uint64_t) {
   return Error(StatusCode::kUnimplemented, where,

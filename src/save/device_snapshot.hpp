@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/event_pool.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry {
@@ -25,8 +26,8 @@ class DeviceSnapshot {
  public:
   // `path` names the save in messages.
   explicit DeviceSnapshot(std::string path) : path_(std::move(path)) {}
-  // Destroys the events (in the device's context). Every copy must have been waited for.
-  ~DeviceSnapshot();
+  // Every copy must have been waited for: the events go with the snapshot.
+  ~DeviceSnapshot() = default;
   DeviceSnapshot(const DeviceSnapshot&) = delete;
   DeviceSnapshot& operator=(const DeviceSnapshot&) = delete;
 
@@ -53,14 +54,10 @@ class DeviceSnapshot {
   void Recycle(void* event);
 
  private:
-  Result<void*> TakeEvent();
-
   const std::string path_;
   void* ctx_ = nullptr;  // CUcontext of the device tensors (captured at the first one)
   int device_ = -1;
-  std::mutex mu_;
-  std::vector<void*> free_events_;  // guarded by mu_
-  std::vector<void*> all_events_;
+  EventPool events_;  // in the device tensors' context
   // Per stream, an event recorded after the newest copy: WaitAll waits on these.
   std::vector<std::pair<Stream, void*>> tails_;
 };
