@@ -9,14 +9,14 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 
-#include "format/checkpoint_index.hpp"
-#include "ferry_generated.h"
-#include "format/format.hpp"
 #include "base/strict_json.hpp"
 #include "base/util.hpp"
+#include "ferry_generated.h"
+#include "format/checkpoint_index.hpp"
+#include "format/format.hpp"
+#include "io/temp_file.hpp"
 
 namespace ferry {
 
@@ -352,7 +352,8 @@ void SortSafetensorsEntries(std::vector<SafetensorsEntry>* entries) {
 struct SafetensorsWriter::State {
   std::string path, tmp_path;
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
-  File file;
+  File file;         // the temporary file; messages name `dest`
+  File lock;         // its lock (io/temp_file.hpp), held until the rename or the removal
   bool durable = true;
   bool spent = false;
   uint64_t header_bytes = 0;
@@ -365,6 +366,7 @@ struct SafetensorsWriter::State {
     spent = true;
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
+    (void)lock.Close();
   }
 };
 
@@ -430,13 +432,12 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   auto state = std::make_unique<State>();
   state->path = path;
   state->durable = durable;
-  std::random_device rd;
-  char suffix[48];
-  std::snprintf(suffix, sizeof(suffix), ".tmp.%d.%08x%08x", static_cast<int>(::getpid()), rd(),
-                rd());
   FERRY_ASSIGN_OR_RETURN(state->dest, ReplaceTarget(path));
-  state->tmp_path = state->dest + suffix;
-  FERRY_ASSIGN_OR_RETURN(state->file, File::CreateExclusive(state->tmp_path));
+  SweepStaleTemps(state->dest);
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(state->dest));
+  state->file = std::move(temp.file);
+  state->tmp_path = std::move(temp.path);
+  state->lock = std::move(temp.lock);
   uint64_t len = text.size();
   uint8_t prefix[8];
   std::memcpy(prefix, &len, 8);
@@ -486,6 +487,7 @@ Status SafetensorsWriter::Commit() {
     return st;
   }
   s.spent = true;
+  (void)s.lock.Close();
   if (s.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(s.dest));
   return Status::Ok();
 }

@@ -4,8 +4,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "import/torch/torch_checkpoint.hpp"
 #include "base/util.hpp"
+#include "format/recipe.hpp"
+#include "import/torch/torch_checkpoint.hpp"
 
 namespace ferry::torch_import {
 
@@ -31,14 +32,12 @@ std::optional<double> Number(const Value* v) {
 // the member pickled by its qualified name.
 Result<Fp8Format> ReadFormat(const Value* v, const std::string& where) {
   if (v != nullptr && v->is(Kind::kGlobal)) {
-    if (v->s.ends_with("Format.E4M3")) return Fp8Format::kE4M3;
-    if (v->s.ends_with("Format.E5M2")) return Fp8Format::kE5M2;
-    if (v->s.ends_with("Format.HYBRID")) return Fp8Format::kHybrid;
+    const size_t dot = v->s.rfind("Format.");
+    auto f = dot == std::string::npos ? std::nullopt : format::Fp8FormatNamed(v->s.substr(dot + 7));
+    if (f) return *f;
   }
   if (v != nullptr && v->is(Kind::kStr)) {
-    if (v->s == "E4M3") return Fp8Format::kE4M3;
-    if (v->s == "E5M2") return Fp8Format::kE5M2;
-    if (v->s == "HYBRID") return Fp8Format::kHybrid;
+    if (auto f = format::Fp8FormatNamed(v->s)) return *f;
   }
   if (v != nullptr && v->is(Kind::kObject) && v->ShortClass() == "Format" && v->items.size() == 1) {
     const Value* h = v->items[0];
@@ -55,6 +54,42 @@ Result<Fp8Format> ReadFormat(const Value* v, const std::string& where) {
                ": recipe fp8_format is not E4M3, E5M2 or HYBRID");
 }
 
+// One field of a pickled recipe into `f`; a field TransformerEngine did not pickle keeps its
+// default.
+Status ReadRecipeField(const Value* v, const format::RecipeField& f, const std::string& where) {
+  using FieldKind = format::RecipeField::Kind;
+  switch (f.kind) {
+    case FieldKind::kInt32:
+      if (!v->is(Kind::kInt) || v->i < INT32_MIN || v->i > INT32_MAX) {
+        return Error(StatusCode::kDataLoss, where, ": recipe field ", f.name, " is not an int32");
+      }
+      *static_cast<int32_t*>(f.value) = static_cast<int32_t>(v->i);
+      return Status::Ok();
+    case FieldKind::kBool:
+      if (!v->is(Kind::kBool)) {
+        return Error(StatusCode::kDataLoss, where, ": recipe field ", f.name, " is not a bool");
+      }
+      *static_cast<bool*>(f.value) = v->b;
+      return Status::Ok();
+    case FieldKind::kFp8Format: {
+      FERRY_ASSIGN_OR_RETURN(*static_cast<Fp8Format*>(f.value), ReadFormat(v, where));
+      return Status::Ok();
+    }
+    case FieldKind::kAmaxComputeAlgo: {
+      auto algo = v->is_str() ? format::AmaxComputeAlgoNamed(v->s) : std::nullopt;
+      if (!algo) {
+        return Error(StatusCode::kUnimplemented, where,
+                     ": amax_compute_algo is neither 'max' nor 'most_recent'");
+      }
+      *static_cast<AmaxComputeAlgo*>(f.value) = *algo;
+      return Status::Ok();
+    }
+    case FieldKind::kString:
+      break;
+  }
+  return Error(StatusCode::kDataLoss, where, ": recipe field ", f.name, " is not a string");
+}
+
 Result<Recipe> ReadRecipe(const Value* r, const std::string& where) {
   if (r == nullptr || r->is(Kind::kNone)) return Recipe{};
   if (!r->is(Kind::kObject) || !r->s.starts_with("transformer_engine.common.recipe.")) {
@@ -62,79 +97,14 @@ Result<Recipe> ReadRecipe(const Value* r, const std::string& where) {
                  ", not a TransformerEngine recipe");
   }
   const std::string kind = r->ShortClass();
-  auto get_int = [&](const char* f, int32_t* out) -> Status {
-    const Value* v = Field(r, f);
-    if (v == nullptr) return Status::Ok();
-    if (!v->is(Kind::kInt) || v->i < INT32_MIN || v->i > INT32_MAX) {
-      return Error(StatusCode::kDataLoss, where, ": recipe field ", f, " is not an int32");
-    }
-    *out = static_cast<int32_t>(v->i);
-    return Status::Ok();
-  };
-  auto get_bool = [&](const char* f, bool* out) -> Status {
-    const Value* v = Field(r, f);
-    if (v == nullptr) return Status::Ok();
-    if (!v->is(Kind::kBool)) {
-      return Error(StatusCode::kDataLoss, where, ": recipe field ", f, " is not a bool");
-    }
-    *out = v->b;
-    return Status::Ok();
-  };
-  auto get_fmt = [&](Fp8Format* out) -> Status {
-    const Value* v = Field(r, "fp8_format");
-    if (v == nullptr) return Status::Ok();
-    FERRY_ASSIGN_OR_RETURN(*out, ReadFormat(v, where));
-    return Status::Ok();
-  };
-  if (kind == "DelayedScaling") {
-    DelayedScaling d;
-    FERRY_RETURN_IF_ERROR(get_int("margin", &d.margin));
-    FERRY_RETURN_IF_ERROR(get_fmt(&d.fp8_format));
-    FERRY_RETURN_IF_ERROR(get_int("amax_history_len", &d.amax_history_len));
-    if (const Value* a = Field(r, "amax_compute_algo")) {
-      if (a->is_str() && a->s == "max") {
-        d.amax_compute_algo = AmaxComputeAlgo::kMax;
-      } else if (a->is_str() && a->s == "most_recent") {
-        d.amax_compute_algo = AmaxComputeAlgo::kMostRecent;
-      } else {
-        return Error(StatusCode::kUnimplemented, where,
-                     ": amax_compute_algo is neither 'max' nor 'most_recent'");
-      }
-    }
-    FERRY_RETURN_IF_ERROR(get_bool("reduce_amax", &d.reduce_amax));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_dpa", &d.fp8_dpa));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_mha", &d.fp8_mha));
-    return Recipe{d};
-  }
-  if (kind == "Float8CurrentScaling") {
-    Float8CurrentScaling c;
-    FERRY_RETURN_IF_ERROR(get_fmt(&c.fp8_format));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_dpa", &c.fp8_dpa));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_mha", &c.fp8_mha));
-    return Recipe{c};
-  }
-  if (kind == "MXFP8BlockScaling") {
-    MXFP8BlockScaling m;
-    FERRY_RETURN_IF_ERROR(get_fmt(&m.fp8_format));
-    return Recipe{m};
-  }
-  if (kind == "Float8BlockScaling") {
-    Float8BlockScaling b;
-    FERRY_RETURN_IF_ERROR(get_fmt(&b.fp8_format));
-    FERRY_RETURN_IF_ERROR(get_int("x_block_scaling_dim", &b.x_block_scaling_dim));
-    FERRY_RETURN_IF_ERROR(get_int("w_block_scaling_dim", &b.w_block_scaling_dim));
-    FERRY_RETURN_IF_ERROR(get_int("grad_block_scaling_dim", &b.grad_block_scaling_dim));
-    return Recipe{b};
-  }
-  if (kind == "NVFP4BlockScaling") {
-    NVFP4BlockScaling n;
-    FERRY_RETURN_IF_ERROR(get_bool("disable_rht", &n.disable_rht));
-    FERRY_RETURN_IF_ERROR(get_bool("disable_stochastic_rounding", &n.disable_stochastic_rounding));
-    FERRY_RETURN_IF_ERROR(get_bool("disable_2d_quantization", &n.disable_2d_quantization));
-    return Recipe{n};
-  }
+  // TransformerEngine's qfactory is a callable, never kept: a custom recipe is known by name.
   if (kind == "CustomRecipe") return Recipe{CustomRecipe{"CustomRecipe", ""}};
-  return Error(StatusCode::kUnimplemented, where, ": unknown recipe ", r->s);
+  std::optional<Recipe> recipe = kind == "none" ? std::nullopt : format::RecipeNamed(kind);
+  if (!recipe) return Error(StatusCode::kUnimplemented, where, ": unknown recipe ", r->s);
+  for (const format::RecipeField& f : format::RecipeFields(*recipe)) {
+    if (const Value* v = Field(r, f.name)) FERRY_RETURN_IF_ERROR(ReadRecipeField(v, f, where));
+  }
+  return *recipe;
 }
 
 // The float32 values of a tensor of the extra state.

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "base/util.hpp"
+#include "format/recipe.hpp"
 
 namespace ferry::torch_import {
 
@@ -66,14 +67,9 @@ TorchDType FromRow(const DTypeRow& r) {
   return t;
 }
 
-// Record-only classes: never instantiated, their arguments and state kept as values.
+// Record-only classes: never instantiated, their arguments and state kept as values. The
+// recipe classes (format::RecipeNamed) are records too.
 const char* const kRecordClasses[] = {
-    "transformer_engine.common.recipe.DelayedScaling",
-    "transformer_engine.common.recipe.Float8CurrentScaling",
-    "transformer_engine.common.recipe.MXFP8BlockScaling",
-    "transformer_engine.common.recipe.Float8BlockScaling",
-    "transformer_engine.common.recipe.NVFP4BlockScaling",
-    "transformer_engine.common.recipe.CustomRecipe",
     "transformer_engine.common.recipe.Format",
     "transformer_engine.common.recipe._FormatHelper",
     "transformer_engine.common.recipe._FormatHelperFP4",
@@ -139,10 +135,12 @@ std::optional<Global> Resolve(std::string_view module, std::string_view name) {
   for (const char* c : kConstants) {
     if (full == c) return Global::kConstant;
   }
+  if (module == "transformer_engine.common.recipe" && name != "none" && format::RecipeNamed(name)) {
+    return Global::kRecord;
+  }
   // Enum members pickled by qualified name (Format.E4M3) when their value does not pickle.
-  if (module == "transformer_engine.common.recipe" &&
-      (name == "Format.E4M3" || name == "Format.E5M2" || name == "Format.HYBRID" ||
-       name == "Format.E2M1")) {
+  if (module == "transformer_engine.common.recipe" && name.starts_with("Format.") &&
+      (format::Fp8FormatNamed(name.substr(7)) || name == "Format.E2M1")) {
     return Global::kRecord;
   }
   if (module == "torch" && TorchDTypeByName(name)) return Global::kDtype;
