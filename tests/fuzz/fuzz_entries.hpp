@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "codec/codec.hpp"
+#include "codec/planes.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
-#include "codec/planes.hpp"
 #include "format/safetensors.hpp"
 #include "import/torch/te_extra_state.hpp"
 #include "import/torch/torch_checkpoint.hpp"
@@ -343,7 +343,9 @@ inline Status FuzzSafetensors(const uint8_t* data, size_t size) {
 // interpreter accepted lies inside its storage), and every value is tried as
 // TransformerEngine extra state.
 inline void UseTorchValues(torch_import::Heap* heap, const torch_import::Value* root,
-                           const std::string& path) {
+                           const std::string& path, uint64_t input_bytes) {
+  torch_import::WalkBudget budget;  // as TorchCheckpoint's: proportional to the input
+  budget.Grant(input_bytes);
   std::vector<const torch_import::Value*> todo{root};
   std::vector<uint8_t> buf;
   for (size_t k = 0; k < todo.size() && k < 4096; ++k) {
@@ -356,10 +358,11 @@ inline void UseTorchValues(torch_import::Heap* heap, const torch_import::Value* 
       }
     }
     std::vector<std::pair<std::string, std::string>> md;
-    auto st = torch_import::DecodeExtraState(heap, v, "m", nullptr, path, &md);
+    auto st = torch_import::DecodeExtraState(heap, v, "m", nullptr, path, &md, &budget);
     if (!st.ok()) Clean(st.status(), path);
-    for (const auto* x : v->items) todo.push_back(x);
+    for (const auto* x : v->Elements()) todo.push_back(x);
     for (const auto& [a, b] : v->dict) todo.push_back(b);
+    if (v->state != nullptr) todo.push_back(v->state);
   }
 }
 
@@ -371,7 +374,7 @@ inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
   if (torch_import::LooksLikeZip(data, size)) {
     auto root = torch_import::LoadTorchZip(&heap, data, size, path);
     if (!root.ok()) return Clean(root.status(), path);
-    UseTorchValues(&heap, *root, path);
+    UseTorchValues(&heap, *root, path, size);
     return Status::Ok();
   }
   if (torch_import::LooksLikeLegacyTorch(data, size)) {
@@ -385,7 +388,7 @@ inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
   o.where = path;
   auto root = torch_import::Unpickle(&heap, data, size, o);
   if (!root.ok()) return Clean(root.status(), path);
-  UseTorchValues(&heap, *root, path);
+  UseTorchValues(&heap, *root, path, size);
   return Status::Ok();
 }
 

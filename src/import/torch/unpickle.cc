@@ -214,6 +214,18 @@ class Machine {
     memo_[idx] = v;
     return Status::Ok();
   }
+  // Counts `n` container items about to be copied against the pickle's size.
+  Status Charge(uint64_t n) {
+    copied_ += n;
+    heap_->copied += n;
+    if (copied_ > kPickleCopiesPerByte * size_ + kPickleCopySlack) {
+      return Error(StatusCode::kResourceExhausted, opt_.where, ": the pickle copies more than ",
+                   kPickleCopiesPerByte, " container items per byte of its ", size_,
+                   " bytes (the same container rebuilt over and over) at byte ",
+                   opt_.offset_base + op_pos_);
+    }
+    return Status::Ok();
+  }
   Status PushString(Kind k, uint64_t n) {
     FERRY_RETURN_IF_ERROR(Need(n));
     FERRY_ASSIGN_OR_RETURN(Value * v, New(k));
@@ -249,6 +261,10 @@ class Machine {
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value*> memo_;
+  uint64_t copied_ = 0;
+  // _codecs.encode and _load_from_bytes results by their argument value: a memoized argument
+  // converted again (a few bytes of pickle each time) gives the value converted the first time.
+  std::unordered_map<const Value*, Value*> converted_;
 };
 
 Result<int64_t> AsInt(const Value* v, const char* what, const std::string& where) {
@@ -257,9 +273,15 @@ Result<int64_t> AsInt(const Value* v, const char* what, const std::string& where
   return Error(StatusCode::kDataLoss, where, ": ", what, " is not an integer");
 }
 
-Result<std::vector<int64_t>> AsInts(const Value* v, const char* what, const std::string& where) {
+// A tensor's size or stride: at most kMaxTensorDims integers, counted before anything is
+// copied (the tuple may be shared by every tensor of the pickle).
+Result<std::vector<int64_t>> AsDims(const Value* v, const char* what, const std::string& where) {
   if (!v->is(Kind::kTuple) && !v->is(Kind::kList)) {
     return Error(StatusCode::kDataLoss, where, ": ", what, " is not a tuple of integers");
+  }
+  if (v->items.size() > kMaxTensorDims) {
+    return Error(StatusCode::kDataLoss, where, ": ", what, " has ", v->items.size(),
+                 " dimensions (limit ", kMaxTensorDims, ")");
   }
   std::vector<int64_t> out;
   for (const Value* x : v->items) {
@@ -267,6 +289,60 @@ Result<std::vector<int64_t>> AsInts(const Value* v, const char* what, const std:
     out.push_back(i);
   }
   return out;
+}
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  std::string out = "[";
+  for (size_t d = 0; d < dims.size(); ++d) out += StrCat(d ? ", " : "", dims[d]);
+  return out + "]";
+}
+
+// Checks that the last element any index can reach lies inside the storage. Every product
+// and sum is checked before it is used: a view whose counts overflow 64 bits (or exceed
+// INT64_MAX, as element and byte counts are signed downstream) is refused here, so the
+// element and byte counts computed from it later (TensorBytes) cannot wrap around.
+Status CheckView(TensorRef* t, const std::string& where) {
+  if (t->shape.size() != t->stride.size()) {
+    return Error(StatusCode::kDataLoss, where, ": size has ", t->shape.size(),
+                 " dimensions and stride ", t->stride.size());
+  }
+  if (t->storage_offset < 0) {
+    return Error(StatusCode::kDataLoss, where, ": negative storage offset ", t->storage_offset);
+  }
+  uint64_t numel = 1, last = static_cast<uint64_t>(t->storage_offset);
+  bool reach_overflows = false;
+  for (size_t d = 0; d < t->shape.size(); ++d) {
+    if (t->shape[d] < 0 || t->stride[d] < 0) {
+      return Error(StatusCode::kDataLoss, where, ": negative size or stride in dimension ", d,
+                   " (size ", DimsText(t->shape), ", stride ", DimsText(t->stride), ")");
+    }
+    if (MulOverflows(numel, static_cast<uint64_t>(t->shape[d]), &numel)) {
+      return Error(StatusCode::kDataLoss, where, ": size ", DimsText(t->shape),
+                   " has more elements than 64 bits count");
+    }
+    uint64_t step;
+    if (t->shape[d] > 0) {
+      reach_overflows |= MulOverflows(static_cast<uint64_t>(t->shape[d] - 1),
+                                      static_cast<uint64_t>(t->stride[d]), &step) ||
+                         AddOverflows(last, step, &last);
+    }
+  }
+  const auto itemsize = static_cast<uint64_t>(t->dtype.itemsize);
+  uint64_t nbytes, end = 0;
+  if (MulOverflows(numel, itemsize, &nbytes) || nbytes > uint64_t{INT64_MAX}) {
+    return Error(StatusCode::kDataLoss, where, ": size ", DimsText(t->shape), " of ", t->dtype.name,
+                 " is more than 2^63 bytes");
+  }
+  reach_overflows |= AddOverflows(last, 1, &last) || MulOverflows(last, itemsize, &end);
+  if (reach_overflows) {
+    return Error(StatusCode::kDataLoss, where, ": storage offset ", t->storage_offset, ", size ",
+                 DimsText(t->shape), " and stride ", DimsText(t->stride), " reach past 64 bits");
+  }
+  if (numel > 0 && end > t->storage->nbytes) {
+    return Error(StatusCode::kDataLoss, where, ": reaches byte ", end, " of storage ",
+                 Quote(t->storage->key), ", which holds ", t->storage->nbytes);
+  }
+  return Status::Ok();
 }
 
 Result<Value*> Machine::RebuildTensor(Global g, const std::vector<Value*>& a) {
@@ -289,40 +365,9 @@ Result<Value*> Machine::RebuildTensor(Global g, const std::vector<Value*>& a) {
     t->dtype = *TorchDTypeByName(a[6]->s.substr(a[6]->s.rfind('.') + 1));
   }
   FERRY_ASSIGN_OR_RETURN(t->storage_offset, AsInt(a[1], "storage offset", where));
-  FERRY_ASSIGN_OR_RETURN(t->shape, AsInts(a[2], "size", where));
-  FERRY_ASSIGN_OR_RETURN(t->stride, AsInts(a[3], "stride", where));
-  if (t->shape.size() != t->stride.size()) {
-    return Error(StatusCode::kDataLoss, where, ": size has ", t->shape.size(),
-                 " dimensions and stride ", t->stride.size());
-  }
-  if (t->shape.size() > 64) {
-    return Error(StatusCode::kDataLoss, where, ": ", t->shape.size(), " dimensions");
-  }
-  if (t->storage_offset < 0) {
-    return Error(StatusCode::kDataLoss, where, ": negative storage offset ", t->storage_offset);
-  }
-  // The last element any index can reach must lie inside the storage.
-  uint64_t numel = 1, last = static_cast<uint64_t>(t->storage_offset);
-  bool overflow = false;
-  for (size_t d = 0; d < t->shape.size(); ++d) {
-    if (t->shape[d] < 0 || t->stride[d] < 0) {
-      return Error(StatusCode::kDataLoss, where, ": negative size or stride in dimension ", d);
-    }
-    uint64_t step;
-    overflow |= MulOverflows(numel, static_cast<uint64_t>(t->shape[d]), &numel);
-    if (t->shape[d] > 0) {
-      overflow |= MulOverflows(static_cast<uint64_t>(t->shape[d] - 1),
-                               static_cast<uint64_t>(t->stride[d]), &step);
-      overflow |= AddOverflows(last, step, &last);
-    }
-  }
-  uint64_t end = 0;
-  overflow |= MulOverflows(last + 1, static_cast<uint64_t>(t->dtype.itemsize), &end);
-  if (overflow) return Error(StatusCode::kDataLoss, where, ": size or stride overflows");
-  if (numel > 0 && end > t->storage->nbytes) {
-    return Error(StatusCode::kDataLoss, where, ": reaches byte ", end, " of storage ",
-                 Quote(t->storage->key), ", which holds ", t->storage->nbytes);
-  }
+  FERRY_ASSIGN_OR_RETURN(t->shape, AsDims(a[2], "size", where));
+  FERRY_ASSIGN_OR_RETURN(t->stride, AsDims(a[3], "stride", where));
+  FERRY_RETURN_IF_ERROR(CheckView(t, where));
   FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kTensor));
   v->tensor = t;
   return v;
@@ -381,7 +426,7 @@ Status Machine::Reduce(Value* callable, Value* args) {
       if (out.ok()) {
         (*out)->s = callable->s;
         (*out)->global = callable->global;
-        (*out)->items = a;
+        (*out)->args = args;
       }
       break;
     default:
@@ -396,6 +441,7 @@ Result<Value*> Machine::ReduceContainer(Global g, const std::vector<Value*>& a) 
   if (g == Global::kOrderedDict) {
     FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kDict));
     if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
+      FERRY_RETURN_IF_ERROR(Charge(a[0]->items.size()));
       for (Value* pair : a[0]->items) {
         if (!pair->is(Kind::kTuple) || pair->items.size() != 2) {
           return Fail("OrderedDict item is not a pair");
@@ -411,12 +457,16 @@ Result<Value*> Machine::ReduceContainer(Global g, const std::vector<Value*>& a) 
     if (a.size() != 1 || (!a[0]->is(Kind::kTuple) && !a[0]->is(Kind::kList))) {
       return Fail("torch.Size without a tuple");
     }
+    // A tuple never changes: the size is the tuple itself. A list may grow after the call.
+    if (a[0]->is(Kind::kTuple)) return a[0];
+    FERRY_RETURN_IF_ERROR(Charge(a[0]->items.size()));
     FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kTuple));
     out->items = a[0]->items;
     return out;
   }
   FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kSet));
   if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
+    FERRY_RETURN_IF_ERROR(Charge(a[0]->items.size()));
     out->items = a[0]->items;
   } else if (!a.empty()) {
     return Fail("set of something other than a list");
@@ -432,7 +482,9 @@ Result<Value*> Machine::ReduceBytes(Global g, const std::vector<Value*>& a) {
         (a[1]->s != "latin1" && a[1]->s != "latin-1")) {
       return Fail("_codecs.encode other than (str, 'latin1')");
     }
-    FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kBytes));
+    Value*& out = converted_[a[0]];
+    if (out != nullptr) return out;
+    FERRY_ASSIGN_OR_RETURN(out, New(Kind::kBytes));
     const std::string& in = a[0]->s;
     for (size_t k = 0; k < in.size(); ++k) {
       unsigned char c = static_cast<unsigned char>(in[k]);
@@ -447,23 +499,22 @@ Result<Value*> Machine::ReduceBytes(Global g, const std::vector<Value*>& a) {
     return out;
   }
   if (g == Global::kBytearray) {
-    FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kBytes));
-    if (a.size() == 1 && a[0]->is(Kind::kBytes)) {
-      out->s = a[0]->s;
-    } else if (!a.empty()) {
-      return Fail("bytearray of something other than bytes");
-    }
-    return out;
+    // Nothing changes bytes once built: bytearray(b) is b.
+    if (a.size() == 1 && a[0]->is(Kind::kBytes)) return a[0];
+    if (!a.empty()) return Fail("bytearray of something other than bytes");
+    return New(Kind::kBytes);
   }
   if (a.size() != 1 || !a[0]->is(Kind::kBytes)) {
     return Fail("torch.storage._load_from_bytes without bytes");
   }
+  Value*& out = converted_[a[0]];
+  if (out != nullptr) return out;
   const std::string& b = a[0]->s;
   FERRY_ASSIGN_OR_RETURN(
       Storage * st, ParseLegacyStorage(heap_, reinterpret_cast<const uint8_t*>(b.data()), b.size(),
                                        StrCat(opt_.where, ": storage pickled at byte ",
                                               opt_.offset_base + op_pos_)));
-  FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kStorage));
+  FERRY_ASSIGN_OR_RETURN(out, New(Kind::kStorage));
   out->storage = st;
   return out;
 }
@@ -806,7 +857,8 @@ Status Machine::GlobalOp(uint8_t op) {
   std::string module, name;
   if (op == 'c') {
     for (std::string* part : {&module, &name}) {
-      const void* nl = std::memchr(data_ + pos_, '\n', std::min<uint64_t>(size_ - pos_, 1024));
+      const void* nl =
+          std::memchr(data_ + pos_, '\n', std::min<uint64_t>(size_ - pos_, kMaxGlobalName));
       if (nl == nullptr) return Fail("GLOBAL without a newline-terminated name");
       uint64_t end = static_cast<const uint8_t*>(nl) - data_;
       part->assign(reinterpret_cast<const char*>(data_ + pos_), end - pos_);
@@ -816,6 +868,9 @@ Status Machine::GlobalOp(uint8_t op) {
     FERRY_ASSIGN_OR_RETURN(Value * n, Pop());
     FERRY_ASSIGN_OR_RETURN(Value * m, Pop());
     if (!m->is_str() || !n->is_str()) return Fail("STACK_GLOBAL of non-strings");
+    if (m->s.size() > kMaxGlobalName || n->s.size() > kMaxGlobalName) {
+      return Fail("STACK_GLOBAL of a name longer than ", kMaxGlobalName, " bytes");
+    }
     module = m->s;
     name = n->s;
   }
@@ -872,7 +927,7 @@ Status Machine::NewObj(Value* cls, Value* args, Value* kwargs) {
   FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kObject));
   v->s = cls->s;
   v->global = cls->global;
-  v->items = args->items;
+  v->args = args;
   if (kwargs) v->state = kwargs;
   return Push(v);
 }
@@ -925,11 +980,28 @@ std::optional<TorchDType> TorchDTypeByStorage(std::string_view name) {
   return std::nullopt;
 }
 
+const std::vector<Value*>& Value::Elements() const {
+  static const std::vector<Value*> kNone;
+  if (kind == Kind::kObject) return args != nullptr ? args->items : kNone;
+  return items;
+}
+
 const Value* Value::Get(std::string_view key) const {
-  for (const auto& [k, v] : dict) {
-    if (k->is_str() && k->s == key) return v;
+  constexpr size_t kScanned = 16;  // smaller dicts are scanned
+  if (dict.size() <= kScanned) {
+    for (const auto& [k, v] : dict) {
+      if (k->is_str() && k->s == key) return v;
+    }
+    return nullptr;
   }
-  return nullptr;
+  if (!index_) index_ = std::make_unique<std::unordered_map<std::string_view, const Value*>>();
+  // Entries are only ever appended, and key strings never change once built.
+  for (; indexed_ < dict.size(); ++indexed_) {
+    const auto& [k, v] = dict[indexed_];
+    if (k->is_str()) index_->emplace(k->s, v);  // the first of repeated keys wins, as above
+  }
+  auto it = index_->find(key);
+  return it == index_->end() ? nullptr : it->second;
 }
 
 std::string Value::ShortClass() const { return s.substr(s.rfind('.') + 1); }
