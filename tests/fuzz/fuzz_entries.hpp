@@ -16,9 +16,11 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "../torch_builders.hpp"
 #include "codec/codec.hpp"
 #include "codec/planes.hpp"
 #include "ferry/ferry.hpp"
@@ -390,6 +392,113 @@ inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
   if (!root.ok()) return Clean(root.status(), path);
   UseTorchValues(&heap, *root, path, size);
   return Status::Ok();
+}
+
+// ---- whole PyTorch checkpoints: the walk and DCP folders -----------------------------------
+
+// A scratch directory reused across inputs; files are replaced (fresh inodes) on each write.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_fuzz_XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) Broken("mkdtemp");
+    dir_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string Write(const std::string& name, const uint8_t* data, size_t size) {
+    const std::string path = dir_ + "/" + name;
+    ::unlink(path.c_str());
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) Broken("open scratch file");
+    for (size_t done = 0; done < size;) {
+      ssize_t w = ::write(fd, data + done, size - done);
+      if (w <= 0) Broken("write scratch file");
+      done += static_cast<size_t>(w);
+    }
+    ::close(fd);
+    return path;
+  }
+  const std::string& path() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// Splits `u32 n, n bytes` off the front of [*data, *data + *size); short inputs give what is
+// there.
+inline std::string TakeFramed(const uint8_t** data, size_t* size) {
+  if (*size < 4) {
+    *data += *size;
+    *size = 0;
+    return {};
+  }
+  uint32_t n;
+  std::memcpy(&n, *data, 4);
+  n = static_cast<uint32_t>(std::min<size_t>(n, *size - 4));
+  std::string out(reinterpret_cast<const char*>(*data + 4), n);
+  *data += 4 + n;
+  *size -= 4 + n;
+  return out;
+}
+
+// What an opened checkpoint promises: unique names, sizes that agree with shapes, every
+// tensor (up to kMaxTensorBytes) readable whole, scaling tables of the declared shape.
+inline Status UseCheckpoint(const torch_import::TorchCheckpoint& ck, const std::string& path) {
+  std::set<std::string> names;
+  std::vector<uint8_t> buf;
+  Status first;
+  for (const torch_import::ImportedTensor& t : ck.tensors()) {
+    Expect(names.insert(t.name).second, "a name imported twice", t.name);
+    Expect(t.ref != nullptr && t.dtype == *t.ref->dtype.dtype, "dtype differs from its ref");
+    auto numel = NumElements(t.shape);
+    auto bytes = numel ? StorageBytes(t.dtype, *numel) : std::nullopt;
+    Expect(bytes && *bytes == t.nbytes, "nbytes disagrees with the shape", t.name);
+    if (t.nbytes > kMaxTensorBytes) continue;
+    buf.assign(t.nbytes + 1, 0xA5);
+    Status st = Clean(ck.Read(t, 0, buf.data(), t.nbytes), path);
+    Expect(buf[t.nbytes] == 0xA5, "Read wrote past the tensor", t.name);
+    if (first.ok()) first = st;
+  }
+  for (const ScalingState& s : ck.scaling()) {
+    for (const DirectionState& d : s.states) {
+      Expect(d.scale.size() == d.slot_roles.size() &&
+                 d.amax_history.size() == static_cast<size_t>(d.history_len) * d.slot_roles.size(),
+             "scaling tables of the wrong size", s.module);
+    }
+  }
+  return first;
+}
+
+// Input: u32 n, n bytes of data.pkl, then storages "0", "1", ... (u32 length, bytes each),
+// written as a torch.save archive and opened as a checkpoint: the interpreter, the walk
+// (names, metadata, extra state) and the reads behind it.
+inline Status FuzzTorchWalk(const uint8_t* data, size_t size) {
+  static ScratchDir scratch;
+  std::string pickle = TakeFramed(&data, &size);
+  std::vector<std::pair<std::string, std::string>> storages;
+  while (size > 0 && storages.size() < 8) {
+    storages.emplace_back(std::to_string(storages.size()), TakeFramed(&data, &size));
+  }
+  const std::string zip = torch_test::TorchSave(pickle, storages);
+  const std::string path =
+      scratch.Write("m.pt", reinterpret_cast<const uint8_t*>(zip.data()), zip.size());
+  auto ck = torch_import::TorchCheckpoint::Open(path);
+  if (!ck.ok()) return Clean(ck.status(), path);
+  return UseCheckpoint(**ck, path);
+}
+
+// Input: u32 n, n bytes of a DCP .metadata, then the bytes of its data file "__0_0.distcp".
+inline Status FuzzDcp(const uint8_t* data, size_t size) {
+  static ScratchDir scratch;
+  std::string meta = TakeFramed(&data, &size);
+  scratch.Write(".metadata", reinterpret_cast<const uint8_t*>(meta.data()), meta.size());
+  scratch.Write("__0_0.distcp", data, size);
+  auto ck = torch_import::TorchCheckpoint::Open(scratch.path());
+  if (!ck.ok()) return Clean(ck.status(), scratch.path());
+  return UseCheckpoint(**ck, scratch.path());
 }
 
 }  // namespace ferry::fuzz
