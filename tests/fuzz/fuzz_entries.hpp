@@ -116,36 +116,49 @@ inline Status FuzzFooter(const uint8_t* data, size_t size) {
 
 // ---- full host load: Reader::Open, View, ReadInto, ReadRowsInto, Verify, LoadToHost -------
 
-// A scratch file reused across inputs (a fuzzer runs millions of them).
-class ScratchFile {
+// A scratch directory reused across inputs (a fuzzer runs millions of them); each write
+// replaces its file (a fresh inode each time, as a new checkpoint would be).
+class ScratchDir {
  public:
-  ScratchFile() {
+  ScratchDir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_fuzz_XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) Broken("mkdtemp");
     dir_ = tmpl;
-    path_ = dir_ + "/input.ferry";
   }
-  ~ScratchFile() {
-    ::unlink(path_.c_str());
-    ::rmdir(dir_.c_str());
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
-  // Replaces the file's contents (a fresh inode each time, as a new checkpoint would be).
-  const std::string& Write(const uint8_t* data, size_t size) {
-    ::unlink(path_.c_str());
-    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::string Write(const std::string& name, const uint8_t* data, size_t size) {
+    const std::string path = dir_ + "/" + name;
+    ::unlink(path.c_str());
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) Broken("open scratch file");
-    size_t done = 0;
-    while (done < size) {
+    for (size_t done = 0; done < size;) {
       ssize_t w = ::write(fd, data + done, size - done);
       if (w <= 0) Broken("write scratch file");
       done += static_cast<size_t>(w);
     }
     ::close(fd);
+    return path;
+  }
+  const std::string& path() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// One scratch file in its own directory.
+class ScratchFile {
+ public:
+  const std::string& Write(const uint8_t* data, size_t size) {
+    path_ = dir_.Write("input.ferry", data, size);
     return path_;
   }
 
  private:
-  std::string dir_, path_;
+  ScratchDir dir_;
+  std::string path_;
 };
 
 inline Loader& HostLoader(IoMode io) {
@@ -395,37 +408,6 @@ inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
 }
 
 // ---- whole PyTorch checkpoints: the walk and DCP folders -----------------------------------
-
-// A scratch directory reused across inputs; files are replaced (fresh inodes) on each write.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_fuzz_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) Broken("mkdtemp");
-    dir_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  std::string Write(const std::string& name, const uint8_t* data, size_t size) {
-    const std::string path = dir_ + "/" + name;
-    ::unlink(path.c_str());
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) Broken("open scratch file");
-    for (size_t done = 0; done < size;) {
-      ssize_t w = ::write(fd, data + done, size - done);
-      if (w <= 0) Broken("write scratch file");
-      done += static_cast<size_t>(w);
-    }
-    ::close(fd);
-    return path;
-  }
-  const std::string& path() const { return dir_; }
-
- private:
-  std::string dir_;
-};
 
 // Splits `u32 n, n bytes` off the front of [*data, *data + *size); short inputs give what is
 // there.
