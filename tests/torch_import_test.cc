@@ -396,6 +396,14 @@ TEST(TorchCheckpointTest, SharedReferencesCostWhatTheirPathsProduce) {
   ASSERT_TRUE(small.ok()) << small.status().ToString();
   EXPECT_EQ((*small)->metadata().size(), 8u);
   EXPECT_EQ((*small)->metadata()[7].first, "x.1.1.1");
+  // Output larger than the pickle is fine where real checkpoints make it: a million small
+  // ints (2 bytes each) become 3.9 MB of metadata text.
+  Pickle ids;
+  ids.Op('}').Str("ids").Mark();
+  for (int i = 0; i < 1000000; ++i) ids.Op('K').Op(static_cast<char>(i % 100));
+  auto many = OpenSaved(dir, ids.List().Op('s').Done());
+  ASSERT_TRUE(many.ok()) << many.status().ToString();
+  EXPECT_EQ((*many)->metadata()[0].second.size(), 3900000u);
   Pickle tied;
   tied.Op('}').Mark().Str("a").Tensor("0", 4, 0, {4}, {1}).Put(0).Str("b").Get(0).Op('u');
   auto t = OpenSaved(dir, tied.Done());

@@ -199,8 +199,9 @@ Result<DirectionState> ReadDirection(const Value* dict, bool forward, int32_t nu
 std::optional<nlohmann::json> PlainJson(const Value* v, int depth, WalkBudget* budget,
                                         bool* exhausted) {
   if (depth > 8) return std::nullopt;
-  // A node costs what it occupies: the json value and its slot in the parent (32 bytes).
-  if (!budget->Take(32 + (v->is_str() ? v->s.size() : 0))) {
+  // A node costs about what it occupies: the json value, its slot in the parent and, for a
+  // list, the vector behind it (64 bytes).
+  if (!budget->Take(64 + (v->is_str() ? v->s.size() : 0))) {
     *exhausted = true;
     return std::nullopt;
   }

@@ -443,8 +443,8 @@ Status TorchCheckpoint::AddTensor(const std::string& name, const Value* v, const
     return Error(StatusCode::kUnimplemented, file, ": tensor ", Quote(name), " is torch.",
                  t.dtype.name, ", which TensorFerry cannot store");
   }
-  if (!budget_.Take(sizeof(ImportedTensor) + name.size() + file.size() +
-                    t.storage->location.size() + 8 * t.shape.size())) {
+  // The record's fixed part, and what it copies from the pickle.
+  if (!budget_.Take(64 + name.size() + t.storage->location.size() + 8 * t.shape.size())) {
     return budget_.Exhausted(StrCat(file, ": tensor ", Quote(name)));
   }
   ImportedTensor it;
@@ -550,11 +550,11 @@ Status TorchCheckpoint::WalkItems(const Value* v, const std::string& name, int d
   }
   std::string text = "[";
   for (size_t i = 0; i < v->items.size(); ++i) {
-    const Value* x = v->items[i];
-    if (!budget_.Take(2 + (x->is_str() ? x->s.size() : 24))) {
+    const std::string piece = *ScalarText(v->items[i]);
+    if (!budget_.Take(2 + piece.size())) {
       return budget_.Exhausted(StrCat(file, ": entry ", Quote(name)));
     }
-    text += (i ? ", " : "") + *ScalarText(x);
+    text += (i ? ", " : "") + piece;
   }
   return AddMetadata(name, text + "]", file);
 }

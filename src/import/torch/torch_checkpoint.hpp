@@ -35,9 +35,11 @@ uint64_t TensorBytes(const TensorRef& t);
 // Counted against the input (kWalkBytesPerInputByte per byte of the files read, plus
 // kWalkSlackBytes), so that values reached through many shared references (the same list
 // twice in a list, nested k deep, is 2^k paths over k values) cost what the paths produce and
-// stop at a bound proportional to the file, instead of hanging on a few hundred bytes.
-inline constexpr uint64_t kWalkBytesPerInputByte = 4;
-inline constexpr uint64_t kWalkSlackBytes = uint64_t{16} << 20;
+// stop at a bound proportional to the file, instead of hanging on a few hundred bytes. The
+// factor leaves room for what real checkpoints legitimately produce from few bytes: long
+// dotted names built from short memoized keys, numbers printed as text.
+inline constexpr uint64_t kWalkBytesPerInputByte = 16;
+inline constexpr uint64_t kWalkSlackBytes = uint64_t{32} << 20;
 class WalkBudget {
  public:
   // More input read: `bytes` of files.
