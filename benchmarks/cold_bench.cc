@@ -204,6 +204,10 @@ int main(int argc, char** argv) {
   b->Args({1, 0, 16, 1});  // shuffle+zstd, auto
   b->Args({1, 1, 16, 1});  // shuffle+zstd, page cache forced
   b->Args({1, 0, 16, 0});  // shuffle+zstd hot: the decode-bound rate
+  // Two workers (run under `taskset -c 0,1`: a 2-core machine), cold and hot.
+  b->Args({1, 0, 2, 1});
+  b->Args({1, 1, 2, 1});
+  b->Args({1, 0, 2, 0});
   b->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -168,6 +168,25 @@ static int write_checkpoint(const char* path) {
   ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
   rc = ferry_writer_add_scaling_state(w, "custom_without_name", &recipe, NULL, 0, &err);
   CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message,
+                 "c_api_test.ferry: scaling state 'custom_without_name': a custom "
+                 "recipe needs custom_name"));
+  ferry_recipe_init(&recipe, FERRY_RECIPE_MXFP8_BLOCK_SCALING);
+  recipe.fp8_format = 9;
+  rc = ferry_writer_add_scaling_state(w, "m", &recipe, NULL, 0, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "scaling state 'm': recipe field fp8_format has invalid value 9"));
+  ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
+  dirs[0].direction = 5;
+  rc = ferry_writer_add_scaling_state(w, "d", &recipe, dirs, 1, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "scaling state 'd': a custom recipe needs custom_name"));
+  recipe.custom_name = "x";
+  rc = ferry_writer_add_scaling_state(w, "d", &recipe, dirs, 1, &err);
+  CHECK(rc == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "scaling state 'd' direction 0: invalid direction 5"));
+  dirs[0].direction = FERRY_DIRECTION_FORWARD;
+  ferry_recipe_init(&recipe, FERRY_RECIPE_CUSTOM);
   recipe.custom_name = "my_recipe";
   CHECK_OK(ferry_writer_add_scaling_state(w, "layers.1.custom", &recipe, NULL, 0, &err));
 
@@ -849,6 +868,326 @@ static void test_split_plan(void) {
   CHECK(ferry_split_plan(items, 3, 0, 1, pieces, 16, &count, &err) == FERRY_INVALID_ARGUMENT);
 }
 
+/* ---- the caller's collectives ---------------------------------------------------------- */
+
+/* A group whose other ranks live in this test: the all-reduce takes the maximum with the words
+ * a previous call recorded for "the others" (g_others), and records what it was given. */
+static uint64_t g_others[4];
+static uint64_t g_given[4];
+static int g_reduce_calls = 0;
+static int32_t g_reduce_rc = 0;
+
+static int32_t fake_all_reduce(void* user, uint64_t* words, size_t count) {
+  size_t i;
+  CHECK(user == &g_reduce_calls);
+  CHECK(count <= 4);
+  ++g_reduce_calls;
+  if (g_reduce_rc != 0) return g_reduce_rc;
+  for (i = 0; i < count && i < 4; ++i) {
+    g_given[i] = words[i];
+    if (g_others[i] > words[i]) words[i] = g_others[i];
+  }
+  return 0;
+}
+
+static void reset_group(void) {
+  memset(g_others, 0, sizeof(g_others));
+  g_reduce_calls = 0;
+  g_reduce_rc = 0;
+}
+
+/* A one-rank sharded save through the C API, committed twice: the second replaces the first
+ * and removes its shard; a rank that gives up fails the save and leaves the index alone. */
+static void test_sharded_save(void) {
+  ferry_error_t err = {0};
+  ferry_sharded_save_options_t opts;
+  ferry_writer_options_t wopts;
+  ferry_sharded_save_t* save = NULL;
+  ferry_sharded_t* s = NULL;
+  ferry_writer_t* w;
+  char index[600], first[600];
+  const char* keys[1] = {"step"};
+  const char* values[1] = {"7"};
+  int64_t v = 11, back = 0;
+  size_t where;
+  ferry_reader_t* r = NULL;
+
+  path_of(index, sizeof(index), "c_api_save.ferry.index.json");
+  reset_group();
+  ferry_sharded_save_options_init(&opts);
+  CHECK(opts.struct_size == sizeof(opts));
+  CHECK(opts.nranks == 1 && opts.rank == 0 && opts.remove_replaced == 1);
+  /* No collective: refused before anything is written. */
+  CHECK(ferry_sharded_save_begin(index, &opts, &save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "all_reduce_max must not be NULL"));
+  opts.all_reduce_max = fake_all_reduce;
+  opts.all_reduce_user = &g_reduce_calls;
+  opts.struct_size = 4;
+  CHECK(ferry_sharded_save_begin(index, &opts, &save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "ferry_sharded_save_begin: options->struct_size is not set"));
+  opts.struct_size = sizeof(opts);
+  opts.rank = 1;
+  CHECK(ferry_sharded_save_begin(index, &opts, &save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "c_api_save.ferry.index.json: bad SaveGroup (rank 1 of 1"));
+  opts.rank = 0;
+  ferry_writer_options_init(&wopts);
+  wopts.durable = 0;
+  wopts.encoding = 99;
+  opts.writer = &wopts;
+  CHECK(ferry_sharded_save_begin(index, &opts, &save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "unknown default encoding 99"));
+  wopts.encoding = FERRY_ENCODING_ZSTD;
+  opts.metadata_keys = keys;
+  opts.metadata_values = NULL;
+  opts.num_metadata = 1;
+  CHECK(ferry_sharded_save_begin(index, &opts, &save, &err) == FERRY_INVALID_ARGUMENT);
+  opts.metadata_values = values;
+
+  CHECK_OK(ferry_sharded_save_begin(index, &opts, &save, &err));
+  if (save == NULL) return;
+  CHECK(g_reduce_calls == 2); /* the save id, then "every rank could start" */
+  w = ferry_sharded_save_writer(save);
+  CHECK(w != NULL);
+  snprintf(first, sizeof(first), "%s", ferry_sharded_save_shard_path(save));
+  CHECK(contains(first, "c_api_save-"));
+  CHECK(contains(first, "-00001-of-00001.ferry"));
+  CHECK_OK(ferry_writer_add_tensor(w, "v", FERRY_DTYPE_I64, NULL, 0, &v, 8, FERRY_ENCODING_DEFAULT,
+                                   &err));
+  CHECK_OK(ferry_writer_set_metadata(w, "step", "7", &err));
+  /* The save commits its writer, not the caller. */
+  CHECK(ferry_writer_commit(w, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "belongs to a sharded save"));
+  ferry_writer_free(w); /* a no-op: the save owns it */
+  CHECK(ferry_sharded_save_shard_done(save) == 0);
+  CHECK_OK(ferry_sharded_save_commit(save, &err));
+  CHECK(ferry_sharded_save_shard_done(save) == 1);
+  CHECK(ferry_sharded_save_commit(save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "save already committed"));
+  ferry_sharded_save_free(save);
+  CHECK(file_exists(first));
+  CHECK_OK(ferry_sharded_open(index, NULL, &s, &err));
+  if (s != NULL) {
+    CHECK(ferry_sharded_find(s, "v", &where, &err) == FERRY_OK && where == 0);
+    ferry_sharded_free(s);
+  }
+
+  /* Asynchronously, a second generation: the first one's shard goes after the commit. */
+  save = NULL;
+  CHECK_OK(ferry_sharded_save_begin(index, &opts, &save, &err));
+  if (save == NULL) return;
+  v = 12;
+  CHECK_OK(ferry_writer_add_tensor(ferry_sharded_save_writer(save), "v", FERRY_DTYPE_I64, NULL, 0,
+                                   &v, 8, FERRY_ENCODING_DEFAULT, &err));
+  CHECK(ferry_sharded_save_finish(save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "Finish needs a CommitAsync first"));
+  CHECK_OK(ferry_sharded_save_commit_async(save, &err));
+  v = 0; /* snapshotted */
+  CHECK_OK(ferry_sharded_save_finish(save, &err));
+  CHECK(ferry_sharded_save_shard_done(save) == 1);
+  ferry_sharded_save_free(save);
+  CHECK(!file_exists(first));
+  CHECK_OK(ferry_sharded_open(index, NULL, &s, &err));
+  if (s != NULL) {
+    CHECK_OK(ferry_sharded_shard(s, 0, &r, &err));
+    if (r != NULL) {
+      CHECK_OK(ferry_reader_read_into(r, "v", &back, 8, 0, &err));
+      CHECK(back == 12);
+      ferry_reader_free(r);
+    }
+    ferry_sharded_free(s);
+  }
+
+  /* A rank that gives up: the commit fails, its shard is gone, the index stays. */
+  save = NULL;
+  CHECK_OK(ferry_sharded_save_begin(index, &opts, &save, &err));
+  if (save == NULL) return;
+  snprintf(first, sizeof(first), "%s", ferry_sharded_save_shard_path(save));
+  ferry_writer_abort(ferry_sharded_save_writer(save));
+  CHECK(ferry_sharded_save_commit(save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "aborted"));
+  ferry_sharded_save_free(save);
+  CHECK(!file_exists(first));
+  CHECK_OK(ferry_sharded_open(index, NULL, &s, &err));
+  ferry_sharded_free(s);
+
+  /* The collective failing fails the save, naming the callback. */
+  save = NULL;
+  g_reduce_rc = 3;
+  CHECK(ferry_sharded_save_begin(index, &opts, &save, &err) == FERRY_INTERNAL);
+  CHECK(contains(err.message, "the all_reduce_max callback failed (it returned 3)"));
+  CHECK(save == NULL);
+
+  /* NULL handles. */
+  CHECK(ferry_sharded_save_writer(NULL) == NULL);
+  CHECK(strcmp(ferry_sharded_save_shard_path(NULL), "") == 0);
+  CHECK(ferry_sharded_save_shard_done(NULL) == 1);
+  CHECK(ferry_sharded_save_commit(NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "ferry_sharded_save_commit: save must not be NULL"));
+  CHECK(ferry_sharded_save_commit_async(NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_sharded_save_finish(NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_sharded_save_begin(NULL, &opts, &save, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_sharded_save_begin(index, NULL, &save, &err) == FERRY_INVALID_ARGUMENT);
+  ferry_sharded_save_free(NULL);
+  ferry_sharded_save_options_init(NULL);
+  CHECK(ferry_sharded_from_reader(NULL, &s, &err) == FERRY_INVALID_ARGUMENT);
+  reset_group();
+
+  remove(ferry_sharded_save_shard_path(NULL)); /* "" */
+  {
+    /* What the last good save left: its shard (found through the index) and the index. */
+    ferry_sharded_t* last = NULL;
+    if (ferry_sharded_open(index, NULL, &last, &err) == FERRY_OK) {
+      ferry_reader_t* shard = NULL;
+      if (ferry_sharded_shard(last, 0, &shard, &err) == FERRY_OK) {
+        remove(ferry_reader_path(shard));
+        ferry_reader_free(shard);
+      }
+      ferry_sharded_free(last);
+    }
+  }
+  remove(index);
+}
+
+/* A distributed plan for two ranks, made one rank at a time: rank 0's check records its words,
+ * rank 1 is checked against them. */
+static void test_dist_plan(const char* ckpt) {
+  ferry_error_t err = {0};
+  ferry_reader_t* r = NULL;
+  ferry_sharded_t* s = NULL;
+  ferry_dist_plan_options_t opts;
+  ferry_dist_plan_t* plan[2] = {NULL, NULL};
+  ferry_dist_plan_view_t view;
+  ferry_load_request_t req[2];
+  const char* locals[1] = {"nope"};
+  uint64_t covered[8];
+  uint64_t hash0[2] = {0, 0};
+  size_t i, k, total_reads = 0;
+  int rank;
+
+  CHECK_OK(ferry_reader_open(ckpt, NULL, &r, &err));
+  if (r == NULL) return;
+  CHECK_OK(ferry_sharded_from_reader(r, &s, &err));
+  ferry_reader_free(r); /* the sharded handle keeps the file */
+  if (s == NULL) return;
+  CHECK(ferry_sharded_num_shards(s) == 1);
+
+  reset_group();
+  ferry_dist_plan_options_init(&opts);
+  CHECK(opts.rounds == 4 && opts.check_plan == 1 && opts.own_min_bytes == FERRY_DIST_OWN_BUFFER);
+  opts.nranks = 2;
+  opts.rounds = 2;
+  opts.own_min_bytes = 1024; /* bf16 (6000 bytes) alone, the small ones in the arena */
+  CHECK(ferry_dist_plan_create(s, NULL, 0, &opts, &plan[0], &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "all_reduce_max (check_plan is set) must not be NULL"));
+  opts.all_reduce_max = fake_all_reduce;
+  opts.all_reduce_user = &g_reduce_calls;
+  opts.rounds = 65;
+  CHECK(ferry_dist_plan_create(s, NULL, 0, &opts, &plan[0], &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "1 <= rounds <= 64"));
+  opts.rounds = 2;
+  memset(covered, 0, sizeof(covered));
+  for (rank = 0; rank < 2; ++rank) {
+    opts.rank = rank;
+    CHECK_OK(ferry_dist_plan_create(s, NULL, 0, &opts, &plan[rank], &err));
+    if (plan[rank] == NULL) return;
+    if (rank == 0) {
+      CHECK(g_reduce_calls == 1);
+      CHECK(g_given[0] == ~g_given[1]);
+      hash0[0] = g_given[0];
+      hash0[1] = g_given[1];
+      g_others[0] = hash0[0];
+      g_others[1] = hash0[1];
+    } else {
+      CHECK(g_given[0] == hash0[0] && g_given[1] == hash0[1]); /* the same plan */
+    }
+    view.struct_size = sizeof(view);
+    CHECK_OK(ferry_dist_plan_view(plan[rank], &view, &err));
+    CHECK(view.num_items == 5 && view.rounds == 2);
+    for (i = 0; i < view.num_items; ++i) {
+      const ferry_dist_item_t* it = &view.items[i];
+      CHECK(it->shard == 0 && it->row_begin == 0 && it->row_end == -1);
+      if (strcmp(it->name, "bf16") == 0) {
+        CHECK(it->bytes == sizeof(g_bf16) && it->row_bytes == 2);
+        CHECK(it->arena_offset == FERRY_DIST_OWN_BUFFER);
+      } else if (strcmp(it->name, "matrix") == 0) {
+        CHECK(it->bytes == sizeof(g_matrix) && it->row_bytes == 16);
+        CHECK(it->arena_offset % 256 == 0 && it->arena_offset < view.arena_bytes);
+      }
+    }
+    for (k = 0; k < view.num_reads; ++k) {
+      const ferry_dist_read_t* rd = &view.reads[k];
+      CHECK(rd->item < view.num_items && rd->round < 2);
+      CHECK(rd->begin == covered[rd->item]); /* rank 0's pieces, then rank 1's, in order */
+      covered[rd->item] += rd->bytes;
+    }
+    total_reads += view.num_reads;
+    for (k = 0; k + 1 < view.num_broadcasts; ++k) {
+      CHECK(view.broadcasts[k].round <= view.broadcasts[k + 1].round);
+    }
+  }
+  CHECK(total_reads > 0);
+  for (i = 0; i < view.num_items; ++i) CHECK(covered[i] == view.items[i].bytes);
+
+  /* Conclusion: nobody failed; then another rank did; then this one. */
+  memset(g_others, 0, sizeof(g_others));
+  CHECK_OK(ferry_dist_plan_conclude(plan[1], 0, &err));
+  g_others[0] = 1;
+  CHECK(ferry_dist_plan_conclude(plan[1], 0, &err) == FERRY_INTERNAL);
+  CHECK(contains(err.message, "c_api_test.ferry: rank 1: another rank failed"));
+  CHECK(ferry_dist_plan_conclude(plan[1], 1, &err) == FERRY_INTERNAL);
+  CHECK(contains(err.message, "rank 1: this rank failed"));
+  ferry_dist_plan_free(plan[0]);
+  ferry_dist_plan_free(plan[1]);
+
+  /* A rank that asks for other tensors: both sides learn that the ranks disagree. */
+  g_others[0] = hash0[0];
+  g_others[1] = hash0[1];
+  ferry_load_request_init(&req[0], "matrix");
+  ferry_load_request_init(&req[1], "scalar");
+  plan[0] = NULL;
+  CHECK(ferry_dist_plan_create(s, req, 2, &opts, &plan[0], &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "rank 1: the ranks disagree on the replicated requests"));
+  CHECK(plan[0] == NULL);
+  /* A tensor that is not there fails this rank with NotFound, and tells the others. */
+  ferry_load_request_init(&req[0], "nope");
+  CHECK(ferry_dist_plan_create(s, req, 1, &opts, &plan[0], &err) == FERRY_NOT_FOUND);
+  CHECK(contains(err.message, "'nope'"));
+  CHECK(g_given[0] == UINT64_MAX && g_given[1] == UINT64_MAX);
+  opts.local_names = locals;
+  opts.num_local = 1;
+  CHECK(ferry_dist_plan_create(s, NULL, 0, &opts, &plan[0], &err) == FERRY_NOT_FOUND);
+  CHECK(contains(err.message, "'nope'"));
+  opts.num_local = 0;
+  /* Rows of one tensor, and a request with a destination (the plan places everything). */
+  req[0].name = "matrix";
+  req[0].row_begin = 2;
+  req[0].row_end = 5;
+  opts.check_plan = 0;
+  opts.rank = 0;
+  CHECK_OK(ferry_dist_plan_create(s, req, 1, &opts, &plan[0], &err));
+  if (plan[0] != NULL) {
+    view.struct_size = sizeof(view);
+    CHECK_OK(ferry_dist_plan_view(plan[0], &view, &err));
+    CHECK(view.num_items == 1 && view.items[0].bytes == 3 * 16);
+    CHECK(view.items[0].row_begin == 2 && view.items[0].row_end == 5);
+    memset(g_others, 0, sizeof(g_others));
+    CHECK(ferry_dist_plan_conclude(plan[0], 0, &err) == FERRY_OK); /* it has a collective */
+    ferry_dist_plan_free(plan[0]);
+  }
+  req[0].dst = &covered;
+  CHECK(ferry_dist_plan_create(s, req, 1, &opts, &plan[0], &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "requests[0] needs a name and no dst"));
+  view.struct_size = 0;
+  CHECK(ferry_dist_plan_view(NULL, &view, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_dist_plan_create(NULL, NULL, 0, &opts, &plan[0], &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "ferry_dist_plan_create: checkpoint must not be NULL"));
+  CHECK(ferry_dist_plan_conclude(NULL, 0, &err) == FERRY_INVALID_ARGUMENT);
+  ferry_dist_plan_free(NULL);
+  ferry_dist_plan_options_init(NULL);
+  ferry_sharded_free(s);
+  reset_group();
+}
+
 int main(int argc, char** argv) {
   char path[600];
   if (argc < 2) {
@@ -868,10 +1207,12 @@ int main(int argc, char** argv) {
     test_streaming_host(path);
     test_errors(path);
     test_sharded(path);
+    test_dist_plan(path);
   }
   test_split_plan();
   remove(path);
   test_async_and_shards();
+  test_sharded_save();
 
   printf("c_api_test: %d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;

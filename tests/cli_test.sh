@@ -239,6 +239,10 @@ run bench-keep 0 "$FERRY" bench --generate 2MiB --repeat 1 --dir "$WORK" --keep 
   --threads 2 --slot-mib 1 --staging-mib 8 --path staging && has "kept" &&
   has "into preallocated buffers"
 run bench-file 0 "$FERRY" bench "$ST" --repeat 1 && has "22 tensors" && has "ceiling"
+# An encoded file: its loads beside the codec's own decode rate on the same blocks (the host
+# ceiling once read raw-sized ranges of the stored bytes, past the end of the mapping).
+run bench-encoded 0 "$FERRY" bench --generate 8MiB --encoding shuffle+zstd --repeat 1 \
+  --threads 2 --dir "$WORK" && has "decode      1 thread" && has "of 2 x the 1-thread decode"
 
 # ---- -V, --quiet ------------------------------------------------------------------------------
 run version-short 0 "$FERRY" -V && has "ferry 0."

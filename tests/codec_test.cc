@@ -33,6 +33,42 @@ TEST(CodecTest, ShufflePlanesMatchReferenceForEveryWidthAndSize) {
   }
 }
 
+// Ranges that start and end inside elements, around the 16-element steps of the SIMD
+// transposes, and whole blocks: byte for byte what Unshuffle writes, nothing past the range.
+TEST(CodecTest, UnshuffleRangeMatchesUnshuffleAtEveryCut) {
+  for (size_t width : {2, 3, 4, 8}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{33}, size_t{1027}, size_t{65536} + 5}) {
+      std::vector<uint8_t> src = RandomBytes(n, n * 7 + width);
+      std::vector<uint8_t> shuffled(n), whole(n);
+      Shuffle(src.data(), shuffled.data(), n, width);
+      Unshuffle(shuffled.data(), whole.data(), n, width);
+      std::vector<size_t> cuts = {0,
+                                  1,
+                                  width - 1,
+                                  width,
+                                  16 * width - 1,
+                                  16 * width + 1,
+                                  n / 2,
+                                  n / 2 + 1,
+                                  n - n % width,
+                                  n - 1,
+                                  n};
+      for (size_t lo : cuts) {
+        for (size_t hi : cuts) {
+          if (lo > hi || hi > n) continue;
+          std::vector<uint8_t> part(hi - lo + 8, 0xA5);
+          UnshuffleRange(shuffled.data(), n, width, lo, hi, part.data());
+          for (size_t i = 0; i < hi - lo; ++i) {
+            ASSERT_EQ(part[i], whole[lo + i]) << "width " << width << " n " << n << " [" << lo
+                                              << ", " << hi << ") byte " << lo + i;
+          }
+          for (size_t i = hi - lo; i < part.size(); ++i) ASSERT_EQ(part[i], 0xA5);
+        }
+      }
+    }
+  }
+}
+
 TEST(CodecTest, ShuffleWidths) {
   EXPECT_EQ(ShuffleWidth(DType::kBF16), 2u);
   EXPECT_EQ(ShuffleWidth(DType::kF32), 4u);

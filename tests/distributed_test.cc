@@ -7,11 +7,15 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <cstring>
 #include <map>
 #include <numeric>
+#include <thread>
 
+#include "dist/dist_plan.hpp"
 #include "ferry/distributed.hpp"
 #include "nccl_probe.hpp"
+#include "save_group.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -113,6 +117,144 @@ TEST(SplitPlanTest, Deterministic) {
     EXPECT_EQ(a[i].begin, b[i].begin);
   }
   ExpectCovers(items, a, 8);
+}
+
+// The plan shared by DistributedLoader and ferry_dist_plan_t, carried out in host memory: every
+// rank reads its pieces, then the broadcasts copy each root's bytes to the others; every rank
+// must then hold every tensor, byte for byte.
+class DistPlanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto w = Writer::Create(dir_.File("plan.ferry")).value();
+    for (int i = 0; i < 40; ++i) {  // small ones (the arena) among larger ones (their own)
+      const int64_t rows = i % 5 == 0 ? 3000 : 1 + i % 7;
+      std::vector<uint8_t> bytes = RandomBytes(rows * 12, 100 + i);
+      ASSERT_TRUE(w.AddTensor("t" + std::to_string(100 + i), DType::kF32, {rows, 3}, bytes.data(),
+                              bytes.size())
+                      .ok());
+    }
+    ASSERT_TRUE(w.Commit().ok());
+    reader_ = Reader::Open(dir_.File("plan.ferry")).value();
+  }
+
+  // Plans on `nranks` threads through one ThreadGroup; the statuses, one per rank.
+  std::vector<Result<DistPlan>> PlanAll(int nranks, int rounds, uint64_t own_min_bytes,
+                                        std::vector<std::vector<DistributedRequest>> requests) {
+    testing::ThreadGroup group(nranks);
+    std::vector<Result<DistPlan>> out(nranks, Status(StatusCode::kInternal, "not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < nranks; ++r) {
+      threads.emplace_back([&, r] {
+        AllReduceMaxFn reduce = group.Rank(r).all_reduce_max;
+        out[r] = MakeDistPlan(SourceOf(*reader_), requests[r], r, nranks, rounds, own_min_bytes,
+                              &reduce);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  testing::TempDir dir_;
+  std::shared_ptr<Reader> reader_;
+};
+
+TEST_F(DistPlanTest, EveryRankEndsWithEveryByte) {
+  const int nranks = 3, rounds = 2;
+  auto plans = PlanAll(nranks, rounds, 4096, std::vector<std::vector<DistributedRequest>>(3));
+  for (auto& p : plans) ASSERT_TRUE(p.ok()) << p.status().message();
+  const DistPlan& plan = *plans[0];
+  ASSERT_EQ(plan.items.size(), 40u);
+  // Broadcast calls must match across ranks exactly.
+  for (int r = 1; r < nranks; ++r) {
+    ASSERT_EQ(plans[r]->broadcasts.size(), plan.broadcasts.size());
+    for (size_t s = 0; s < plan.broadcasts.size(); ++s) {
+      ASSERT_EQ(plans[r]->broadcasts[s].size(), plan.broadcasts[s].size());
+      for (size_t k = 0; k < plan.broadcasts[s].size(); ++k) {
+        EXPECT_EQ(plans[r]->broadcasts[s][k].bytes, plan.broadcasts[s][k].bytes);
+        EXPECT_EQ(plans[r]->broadcasts[s][k].root, plan.broadcasts[s][k].root);
+      }
+    }
+  }
+  size_t ops = 0;
+  for (const auto& seg : plan.broadcasts) ops += seg.size();
+  EXPECT_LT(ops, plan.pieces.size());  // arena pieces travel together
+
+  struct Memory {
+    std::vector<uint8_t> arena;
+    std::vector<std::vector<uint8_t>> own;
+    uint8_t* At(const DistPlan& p, uint32_t item, uint64_t begin) {
+      const PlanEntry& m = p.items[item];
+      return (m.in_arena ? arena.data() + m.arena_off : own[item].data()) + begin;
+    }
+  };
+  std::vector<Memory> mem(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    mem[r].arena.assign(plan.arena_bytes, 0);
+    for (const PlanEntry& m : plan.items) mem[r].own.emplace_back(m.in_arena ? 0 : m.len, 0);
+    for (const auto& round : PiecesOf(plans[r]->pieces, r, rounds)) {
+      for (const PlanPiece* p : round) {
+        const PlanEntry& m = plan.items[p->item];
+        auto [row_begin, row_end] = PieceRows(m, *p);
+        uint8_t* dst = mem[r].At(plan, p->item, p->begin);
+        Status st = row_end < 0
+                        ? reader_->ReadInto(m.info.name, dst, p->len)
+                        : reader_->ReadRowsInto(m.info.name, row_begin, row_end, dst, p->len);
+        ASSERT_TRUE(st.ok()) << st.message();
+      }
+    }
+  }
+  for (const auto& seg : plan.broadcasts) {
+    for (const PlanBroadcast& b : seg) {
+      const uint8_t* src = mem[b.root].At(plan, b.item, b.begin);
+      for (int r = 0; r < nranks; ++r) {
+        if (r != b.root) std::memcpy(mem[r].At(plan, b.item, b.begin), src, b.bytes);
+      }
+    }
+  }
+  for (uint32_t i = 0; i < plan.items.size(); ++i) {
+    const PlanEntry& m = plan.items[i];
+    EXPECT_EQ(m.in_arena, m.len < 4096) << m.info.name;
+    std::vector<uint8_t> want(m.len);
+    ASSERT_TRUE(reader_->ReadInto(m.info.name, want.data(), want.size()).ok());
+    for (int r = 0; r < nranks; ++r) {
+      EXPECT_EQ(std::memcmp(mem[r].At(plan, i, 0), want.data(), m.len), 0)
+          << m.info.name << " on rank " << r;
+    }
+  }
+}
+
+TEST_F(DistPlanTest, RanksThatDisagreeFailTogether) {
+  std::vector<std::vector<DistributedRequest>> requests(2);
+  requests[1].push_back(DistributedRequest{"t100"});
+  auto plans = PlanAll(2, 4, UINT64_MAX, requests);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(plans[r].ok());
+    EXPECT_EQ(plans[r].status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(plans[r].status().message().find(": rank " + std::to_string(r) +
+                                               ": the ranks disagree on the replicated requests"),
+              std::string::npos);
+  }
+  requests[1][0].name = "missing";
+  requests[0] = requests[1];
+  requests[0][0].name = "t100";
+  plans = PlanAll(2, 4, UINT64_MAX, requests);
+  EXPECT_EQ(plans[0].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plans[1].status().code(), StatusCode::kNotFound);
+}
+
+TEST(AgreeOnOutcomeTest, AnyFailureFailsEveryRank) {
+  testing::ThreadGroup group(2);
+  Status got[2];
+  std::thread other([&] {
+    got[1] = AgreeOnOutcome(Status(StatusCode::kDataLoss, "mine"), group.Rank(1).all_reduce_max,
+                            "ck", 1);
+  });
+  got[0] = AgreeOnOutcome(Status::Ok(), group.Rank(0).all_reduce_max, "ck", 0);
+  other.join();
+  EXPECT_EQ(got[0].message(),
+            "ck: rank 0: another rank failed this distributed load (its error "
+            "says why)");
+  EXPECT_EQ(got[1].code(), StatusCode::kDataLoss);
 }
 
 TEST(DistributedLoaderTest, RejectsNullCommunicator) {

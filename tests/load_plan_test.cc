@@ -106,6 +106,25 @@ TEST_F(LoadPlanTest, PiecesCoverEachRangeWithoutCrossingBlocks) {
   }
 }
 
+// Host loads: an encoded tensor in whole blocks whatever the piece size (a piece that cuts a
+// block decodes all of it); raw tensors still in pieces of at most max_piece.
+TEST_F(LoadPlanTest, WholeEncodedBlocks) {
+  auto plan = Resolve(source(), {});
+  ASSERT_TRUE(plan.ok());
+  uint64_t encoded = 0;
+  for (const Piece& p : MakePieces(*plan, 4096, true)) {
+    const Resolved& r = plan->res[p.r];
+    if (r.info.encoding == Encoding::kRaw) {
+      EXPECT_LE(p.len, 4096u);
+      continue;
+    }
+    ++encoded;
+    EXPECT_EQ(p.begin % kBlock, 0u);
+    EXPECT_EQ(p.len, std::min(kBlock, r.info.nbytes - p.begin));
+  }
+  EXPECT_EQ(encoded, (reader_->Find("b_zstd")->nbytes + kBlock - 1) / kBlock);
+}
+
 TEST_F(LoadPlanTest, DeviceRoutes) {
   auto plan = Resolve(source(), {});
   ASSERT_TRUE(plan.ok());

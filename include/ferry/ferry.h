@@ -38,6 +38,10 @@
  *   are serialized internally; use one loader per thread for parallel loads. A loader never
  *   calls cudaSetDevice and touches no device other than the current one of the calling
  *   thread.
+ * - ferry_sharded_t: owned by its creator; immutable, any number of threads at once.
+ * - ferry_sharded_save_t, ferry_dist_plan_t: owned by their creator; one thread at a time.
+ *   Their collective calls (see each) must be made by every rank of the group, in the same
+ *   order, and call back the caller's ferry_all_reduce_max_fn on the calling thread.
  * - ferry_*_free(NULL) is a no-op.
  */
 #ifndef FERRY_FERRY_H_
@@ -799,6 +803,186 @@ typedef struct ferry_plan_piece_t {
 FERRY_API int ferry_split_plan(const ferry_plan_item_t* items, size_t num_items, int32_t nranks,
                                int32_t rounds, ferry_plan_piece_t* pieces, size_t capacity,
                                size_t* count, ferry_error_t* error);
+
+/* ---- collectives of the caller's, sharded saves and distributed plans -------------------
+ * For bindings that run their own collectives (torch.distributed, MPI, ...) instead of handing
+ * the library an NCCL communicator: the library does the planning, naming, agreeing and
+ * committing, and calls back for the one collective it needs. */
+
+/* Replaces words[0, count) with their element-wise maximum, as unsigned 64-bit integers, over
+ * every rank of the group, and returns 0 once the result is there; any other value fails the
+ * call that made it on this rank (the other ranks then fail or wait in their next call: make
+ * them fail too, as a broken communicator does). Every rank makes the same calls in the same
+ * order with the same counts. Called on the thread that called the library, never on two
+ * threads at once for one save or plan. */
+typedef int32_t (*ferry_all_reduce_max_fn)(void* user, uint64_t* words, size_t count);
+
+/* A single file as a one-shard checkpoint (so callers handle both forms alike). The new
+ * handle shares the reader's open file; free it with ferry_sharded_free. */
+FERRY_API int ferry_sharded_from_reader(const ferry_reader_t* reader, ferry_sharded_t** out,
+                                        ferry_error_t* error);
+
+/* A sharded checkpoint saved by every rank of a group at once (ferry::ShardedSave): each rank
+ * writes its own tensors to its own shard file, in parallel, and rank 0 commits the index
+ * (ferry_sharded_open's format) only after every shard is durable. Shard files are named
+ * "<stem>-<save id>-<rank + 1>-of-<nranks>.ferry" beside the index ("<stem>.ferry.index.json",
+ * "<stem>.index.json" or "<stem>.json"), with a save id no earlier save used, so the files of
+ * the checkpoint the index names now are never touched before the new index replaces it: a
+ * crash at any point leaves the previous checkpoint complete and loadable, or the new one.
+ * Owned by its creator and used by one thread at a time; free it with
+ * ferry_sharded_save_free. begin, commit and finish are collective (each calls
+ * all_reduce_max). */
+typedef struct ferry_sharded_save_t ferry_sharded_save_t;
+
+typedef struct ferry_sharded_save_options_t {
+  size_t struct_size;
+  int32_t rank;   /* this process's rank, 0 <= rank < nranks */
+  int32_t nranks; /* at most 99999 */
+  ferry_all_reduce_max_fn all_reduce_max; /* required; called with all_reduce_user */
+  void* all_reduce_user;
+  const ferry_writer_options_t* writer; /* this rank's shard file (NULL: the defaults) */
+  /* Entries of the index's "metadata" ("total_size" is added when absent): num_metadata
+   * strings each (may be NULL when 0). */
+  const char* const* metadata_keys;
+  const char* const* metadata_values;
+  size_t num_metadata;
+  /* After the commit, rank 0 deletes the shard files of the replaced index that follow the
+   * naming above and are not part of the new checkpoint (1, the default). Other files are
+   * never deleted. */
+  int32_t remove_replaced;
+} ferry_sharded_save_options_t;
+
+FERRY_API void ferry_sharded_save_options_init(ferry_sharded_save_options_t* options);
+/* Collective: rank 0 draws the save id, every rank learns it and opens its shard's writer,
+ * and all agree that every rank could. The options (and what they point to) are copied;
+ * all_reduce_max and its user pointer must stay usable until the save is freed.
+ * FERRY_INVALID_ARGUMENT for a bad rank or nranks or a missing all_reduce_max. */
+FERRY_API int ferry_sharded_save_begin(const char* index_path,
+                                       const ferry_sharded_save_options_t* options,
+                                       ferry_sharded_save_t** out, ferry_error_t* error);
+/* This rank's shard: add its tensors (names unique across the ranks), metadata and scaling
+ * state with the ferry_writer_* calls. The save owns it: valid until ferry_sharded_save_free,
+ * ferry_writer_commit and _commit_async refuse it, ferry_writer_free is a no-op on it. To give
+ * up on this rank (a tensor could not be added), ferry_writer_abort it and still commit: the
+ * save then fails on every rank and no index is written. NULL for NULL. */
+FERRY_API ferry_writer_t* ferry_sharded_save_writer(ferry_sharded_save_t* save);
+/* The path of this rank's shard file ("" for NULL); valid while the save lives. */
+FERRY_API const char* ferry_sharded_save_shard_path(const ferry_sharded_save_t* save);
+/* Collective: commits this rank's shard (fsynced), agrees with the other ranks that every
+ * shard is, then rank 0 writes the index atomically. The same status on every rank; on
+ * failure every rank removes its new shard and the previous checkpoint stays as it was. */
+FERRY_API int ferry_sharded_save_commit(ferry_sharded_save_t* save, ferry_error_t* error);
+/* Not collective: starts this rank's shard commit in the background and returns once its
+ * tensors are snapshotted (their buffers may then be reused). ferry_sharded_save_finish must
+ * follow on every rank, even when this call failed. */
+FERRY_API int ferry_sharded_save_commit_async(ferry_sharded_save_t* save, ferry_error_t* error);
+/* 1 once this rank's shard is no longer being written (committed, or the background commit
+ * finished or failed), else 0; no communication. 1 for NULL. */
+FERRY_API int ferry_sharded_save_shard_done(const ferry_sharded_save_t* save);
+/* Collective: waits for this rank's background shard commit, then agrees and commits the
+ * index as ferry_sharded_save_commit does. */
+FERRY_API int ferry_sharded_save_finish(ferry_sharded_save_t* save, ferry_error_t* error);
+/* Frees the save; a shard that was not committed is removed. Freeing a save on one rank
+ * before its commit leaves the other ranks waiting in their next collective. */
+FERRY_API void ferry_sharded_save_free(ferry_sharded_save_t* save);
+
+/* The plan of a distributed load for callers that move the bytes themselves (the NCCL form is
+ * ferry::DistributedLoader): the replicated tensors, in file order, form one byte sequence cut
+ * into nranks * rounds segments at row boundaries (ferry_split_plan); rank r reads segments
+ * [r * rounds, (r + 1) * rounds) into place, and the broadcasts deliver every segment to every
+ * rank. Entries below own_min_bytes share one arena (256-byte aligned), and the arena pieces of
+ * one segment travel in one broadcast; larger entries get a buffer of their own. Every rank
+ * that passes the same checkpoint, requests and options gets the same plan. Immutable after
+ * create (ferry_dist_plan_conclude calls all_reduce_max); free with ferry_dist_plan_free. */
+typedef struct ferry_dist_plan_t ferry_dist_plan_t;
+
+typedef struct ferry_dist_plan_options_t {
+  size_t struct_size;
+  int32_t rank;
+  int32_t nranks;
+  int32_t rounds;     /* pieces per rank, 1 to 64 (default 4) */
+  int32_t check_plan; /* all ranks compare a hash of their plans at create (default 1) */
+  uint64_t own_min_bytes; /* entries this large get their own buffer (default UINT64_MAX) */
+  /* The collective for check_plan and ferry_dist_plan_conclude, called with all_reduce_user;
+   * it must stay usable until the plan is freed. */
+  ferry_all_reduce_max_fn all_reduce_max;
+  void* all_reduce_user;
+  /* Tensors this rank reads alone (its tensor-parallel slices): checked to exist at create,
+   * so that a missing one fails the plan on every rank; they are not in the plan. */
+  const char* const* local_names;
+  size_t num_local;
+} ferry_dist_plan_options_t;
+
+FERRY_API void ferry_dist_plan_options_init(ferry_dist_plan_options_t* options);
+
+#define FERRY_DIST_OWN_BUFFER UINT64_MAX
+
+typedef struct ferry_dist_item_t {
+  const char* name;  /* the tensor */
+  size_t request;    /* its index in the requests (in the checkpoint's names when none) */
+  uint32_t shard;    /* in ferry_sharded_shard's numbering */
+  int32_t reserved;
+  uint64_t bytes;    /* raw bytes delivered (of the requested rows) */
+  uint64_t row_bytes; /* bytes of one row where it may be cut, else 0 */
+  uint64_t arena_offset; /* where it lies in the arena, or FERRY_DIST_OWN_BUFFER */
+  int64_t row_begin; /* the requested rows (0 and -1: the whole tensor) */
+  int64_t row_end;
+} ferry_dist_item_t;
+
+/* One broadcast from rank `root`: `bytes` bytes from byte `begin` of item `item`'s buffer; an
+ * arena broadcast (item's arena_offset set) covers arena bytes [arena_offset + begin,
+ * arena_offset + begin + bytes), which may run on through the items that follow. */
+typedef struct ferry_dist_broadcast_t {
+  int32_t round;
+  int32_t root;
+  uint32_t item;
+  int32_t reserved;
+  uint64_t begin;
+  uint64_t bytes;
+} ferry_dist_broadcast_t;
+
+/* A piece this rank reads: rows [row_begin, row_end) of item `item`'s tensor (0 and -1: the
+ * whole tensor), `bytes` bytes that land at byte `begin` of the item's buffer. */
+typedef struct ferry_dist_read_t {
+  int32_t round;
+  uint32_t item;
+  uint64_t begin;
+  uint64_t bytes;
+  int64_t row_begin;
+  int64_t row_end;
+} ferry_dist_read_t;
+
+/* The whole plan, pointing into the plan handle (valid until it is freed). Broadcasts come in
+ * the order every rank issues them: round by round, and within a round by root; reads round
+ * by round. A round's reads must be complete (or ordered before) its broadcasts. */
+typedef struct ferry_dist_plan_view_t {
+  size_t struct_size;
+  size_t num_items;
+  const ferry_dist_item_t* items;
+  uint64_t arena_bytes;
+  size_t num_broadcasts;
+  const ferry_dist_broadcast_t* broadcasts;
+  size_t num_reads;
+  const ferry_dist_read_t* reads;
+  int32_t rounds;
+} ferry_dist_plan_view_t;
+
+/* Collective when check_plan: plans the load of `requests` (NULL and 0: every tensor, whole;
+ * dst must be NULL, since the plan places every item) from `checkpoint`. A request naming no
+ * tensor, or a failed plan on any rank, fails on every rank (the others with
+ * FERRY_INVALID_ARGUMENT: the ranks disagree or another rank failed to plan). */
+FERRY_API int ferry_dist_plan_create(const ferry_sharded_t* checkpoint,
+                                     const ferry_load_request_t* requests, size_t num_requests,
+                                     const ferry_dist_plan_options_t* options,
+                                     ferry_dist_plan_t** out, ferry_error_t* error);
+FERRY_API int ferry_dist_plan_view(const ferry_dist_plan_t* plan, ferry_dist_plan_view_t* view,
+                                   ferry_error_t* error);
+/* Collective: after the reads and broadcasts, every rank learns whether any rank failed
+ * (`failed` 1 on this rank). FERRY_OK when none did; FERRY_INTERNAL, naming the checkpoint and
+ * this rank, when this or another rank failed. */
+FERRY_API int ferry_dist_plan_conclude(ferry_dist_plan_t* plan, int32_t failed,
+                                       ferry_error_t* error);
+FERRY_API void ferry_dist_plan_free(ferry_dist_plan_t* plan);
 
 #ifdef __cplusplus
 }

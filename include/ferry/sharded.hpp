@@ -145,6 +145,9 @@ class FERRY_API ShardedSave {
   // agrees and commits the index as Commit does.
   Status CommitAsync();
   Status Finish();
+  // True once this rank's shard is no longer being written: Commit ran, or CommitAsync's
+  // background commit has finished (or failed). No communication; never blocks.
+  bool shard_done() const;
 
   class Impl;
 

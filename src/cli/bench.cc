@@ -6,18 +6,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <thread>
 
-#include "format/block_source.hpp"
-#include "cli.hpp"
-#include "ferry/loader.hpp"
 #include "base/util.hpp"
+#include "base/worker_pool.hpp"
+#include "cli.hpp"
+#include "codec/codec.hpp"
+#include "codec/planes.hpp"
+#include "ferry/loader.hpp"
+#include "format/block_source.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -188,58 +193,125 @@ struct Runs {
   double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
 };
 
-// memcpy of every tensor's bytes from the mapping into a prefaulted buffer, split over
-// `threads` threads: what a host load could reach if allocation and bookkeeping were free.
-// The buffer holds at most 1 GiB and is reused round-robin (the copy rate does not depend on
-// it being larger), so measuring beside the loads costs little memory. Run() is called
-// between loads: on a busy machine a ceiling measured only once can land in a quiet or a
-// noisy moment that the loads did not see.
+// Every stored block of the file turned into its raw bytes by the codec alone (memcpy for raw
+// blocks; zstd, unshuffle or the PLANES CPU decoder for encoded ones) in a prefaulted buffer,
+// blocks taken in turn by the threads: what a host load could reach if the loader added
+// nothing, and for encoded files the decode rate a load on N threads is compared with (N x the
+// single-thread rate on an idle machine). The buffer holds at most 1 GiB and is reused
+// round-robin (the rate does not depend on it being larger). Run() is called between loads: on
+// a busy machine a ceiling measured only once can land in a quiet or a noisy moment that the
+// loads did not see.
 class HostCeiling {
  public:
-  HostCeiling(const Reader& reader, uint64_t bytes, int threads) : threads_(threads) {
+  HostCeiling(const Reader& reader, uint64_t bytes) {
     const BlockSource& blocks = BlocksOf(reader);
     const uint64_t cap = std::max<uint64_t>(1, std::min(bytes, uint64_t{1} << 30));
     dst_.assign(cap, 1);
-    constexpr uint64_t kPiece = uint64_t{4} << 20;
     uint64_t off = 0;
     for (size_t i = 0; i < reader.num_tensors(); ++i) {
-      const uint64_t nbytes = blocks.RawSize(i);
-      const uint8_t* data = blocks.mapping()->data() + blocks.FileOffset(i);
-      for (uint64_t b = 0; b < nbytes; b += kPiece) {
-        uint64_t len = std::min(kPiece, nbytes - b);
-        if (off % cap + len > cap) off += cap - off % cap;
-        pieces_.push_back(Piece{data + b, off % cap, len});
-        off += len;
+      const TensorInfo info = reader.tensor(i);
+      const size_t width = info.encoding == Encoding::kShuffleZstd ? ShuffleWidth(info.dtype) : 1;
+      for (uint64_t b = 0; b < blocks.NumBlocks(i); ++b) {
+        const StoredBlock s = blocks.Block(i, b);
+        if (off % cap + s.raw_size > cap) off += cap - off % cap;
+        pieces_.push_back(Piece{blocks.mapping()->data() + s.file_offset, s.stored_size, s.raw_size,
+                                off % cap, s.compressed, s.planes, width});
+        off += s.raw_size;
+        encoded_ = encoded_ || info.encoding != Encoding::kRaw;
+        largest_ = std::max(largest_, s.raw_size);
       }
     }
   }
 
-  // One timed pass; returns the best time so far.
-  double Run() {
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t k; (k = next.fetch_add(1)) < pieces_.size();) {
-        std::memcpy(dst_.data() + pieces_[k].dst_off, pieces_[k].src, pieces_[k].len);
-      }
-    };
-    double t0 = Now();
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads_; ++t) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-    best_ = std::min(best_, Now() - t0);
-    return best_;
+  // Whether any tensor is encoded: the ceiling is then a decode rate.
+  bool encoded() const { return encoded_; }
+  // Whether a GPU load decodes some of the blocks on the CPU: zstd blocks always, PLANES blocks
+  // when checksums are verified (on the host).
+  bool cpu_decoded(bool verify) const {
+    for (const Piece& p : pieces_) {
+      if (p.zstd || p.width > 1 || (verify && p.planes)) return true;
+    }
+    return false;
   }
+
+  // One timed pass over every block on `threads` threads; returns the best time so far with
+  // that many threads.
+  Result<double> Run(int threads) { return Pass(threads, 1); }
+
+  // Seconds per byte of one thread over a sample of about `sample` raw bytes spread over the
+  // file, best of `passes`: the single-thread decode rate without a pass over a huge file.
+  Result<double> SingleThread(uint64_t sample, int passes) {
+    uint64_t total = 0;
+    for (const Piece& p : pieces_) total += p.raw;
+    const size_t stride = std::max<uint64_t>(1, total / std::max<uint64_t>(sample, 1));
+    double best = 1e30;
+    for (int k = 0; k < passes; ++k) {
+      FERRY_ASSIGN_OR_RETURN(double secs, Pass(1, stride));
+      best = std::min(best, secs);
+    }
+    uint64_t sampled = 0;
+    for (size_t k = 0; k < pieces_.size(); k += stride) sampled += pieces_[k].raw;
+    sample_bytes_ = sampled;
+    return best / static_cast<double>(sampled);
+  }
+  uint64_t sample_bytes() const { return sample_bytes_; }
 
  private:
   struct Piece {
     const uint8_t* src;
-    uint64_t dst_off, len;
+    uint64_t stored, raw, dst_off;
+    bool zstd, planes;
+    size_t width;  // shuffle width (1: not shuffled)
   };
-  int threads_;
+
+  Status Decode(const Piece& p, uint8_t* scratch) {
+    uint8_t* dst = dst_.data() + p.dst_off;
+    uint8_t* out = p.width > 1 ? scratch : dst;
+    Status st;
+    if (p.planes) {
+      st = planes::Decode(p.src, p.stored, dst, p.raw, scratch);
+      out = dst;
+    } else if (p.zstd) {
+      st = ZstdDecompressExact(p.src, p.stored, out, p.raw);
+    } else {
+      std::memcpy(out, p.src, p.raw);
+    }
+    if (st.ok() && out != dst) Unshuffle(out, dst, p.raw, p.width);
+    return st;
+  }
+
+  // Pieces 0, stride, 2 * stride, ...; the best time of full passes (stride 1) is kept.
+  Result<double> Pass(int threads, size_t stride) {
+    while (scratch_.size() < static_cast<size_t>(threads)) {
+      scratch_.emplace_back(encoded_ ? largest_ : 0, uint8_t{1});  // prefaulted
+    }
+    std::atomic<size_t> next{0};
+    FirstError error;
+    auto work = [&](int t) {
+      for (size_t k; (k = next.fetch_add(1) * stride) < pieces_.size();) {
+        Status st = Decode(pieces_[k], scratch_[t].data());
+        if (!st.ok()) error.Set(std::move(st));
+      }
+    };
+    double t0 = Now();
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (auto& t : pool) t.join();
+    double secs = Now() - t0;
+    if (error.failed()) return error.Get();
+    if (stride != 1) return secs;
+    double& best = best_[threads];
+    best = best == 0 ? secs : std::min(best, secs);
+    return best;
+  }
+
   std::vector<uint8_t> dst_;
   std::vector<Piece> pieces_;
-  double best_ = 1e30;
+  std::vector<std::vector<uint8_t>> scratch_;
+  std::map<int, double> best_;
+  bool encoded_ = false;
+  uint64_t largest_ = 0, sample_bytes_ = 0;
 };
 
 #ifdef FERRY_HAVE_CUDA
@@ -443,8 +515,13 @@ int RunBench(const BenchOptions& options) {
               options.prealloc ? "into preallocated buffers" : "the loader allocates");
   std::fflush(stdout);
 
-  std::unique_ptr<HostCeiling> host_ceiling;
-  if (!gpu) host_ceiling = std::make_unique<HostCeiling>(reader, bytes, threads);
+  // The codec alone on the same blocks: the ceiling of host loads; beside a GPU load, the rate
+  // its CPU decoding is bound by (zstd blocks; PLANES blocks decode on the GPU unless verified).
+  auto host_ceiling = std::make_unique<HostCeiling>(reader, bytes);
+  if (gpu && !host_ceiling->cpu_decoded(options.verify)) host_ceiling.reset();
+  // Loads of mostly encoded tensors run on the whole pool, copies on at most `threads`.
+  const int ceiling_threads =
+      host_ceiling && host_ceiling->encoded() ? loader.options().threads : threads;
 
   auto warm = load_once();
   if (!warm.ok()) return Fail(warm.status());
@@ -455,7 +532,10 @@ int RunBench(const BenchOptions& options) {
     auto secs = load_once();
     if (!secs.ok()) return Fail(secs.status());
     runs.seconds.push_back(*secs);
-    if (host_ceiling) host_ceiling->Run();
+    if (host_ceiling) {
+      auto c = host_ceiling->Run(ceiling_threads);
+      if (!c.ok()) return Fail(c.status());
+    }
     std::printf("run %d/%d     %.3f s  %s\n", r + 1, options.repeat, *secs,
                 Rate(bytes, *secs).c_str());
     std::fflush(stdout);
@@ -485,16 +565,35 @@ int RunBench(const BenchOptions& options) {
   }
 #endif
   if (!gpu) {
-    ceiling_secs = host_ceiling->Run();
-    host_ceiling.reset();
-    ceiling_desc =
-        StrCat("memcpy of the same bytes, ", threads, threads == 1 ? " thread" : " threads",
-               ", page cache to a prefaulted buffer, best of ", options.repeat + 1,
-               " passes between the loads");
+    auto c = host_ceiling->Run(ceiling_threads);
+    if (!c.ok()) return Fail(c.status());
+    ceiling_secs = *c;
+    ceiling_desc = StrCat(host_ceiling->encoded() ? "decode of the same blocks by the codec alone"
+                                                  : "memcpy of the same bytes",
+                          ", ", ceiling_threads, ceiling_threads == 1 ? " thread" : " threads",
+                          ", page cache to a prefaulted buffer, best of ", options.repeat + 1,
+                          " passes between the loads");
   }
   std::printf("ceiling     %s  %s\n", Rate(bytes, ceiling_secs).c_str(), ceiling_desc.c_str());
   std::printf("ratio       %.2f of the ceiling (best run %.2f)\n", ceiling_secs / median,
               ceiling_secs / best);
+  if (host_ceiling && host_ceiling->encoded()) {
+    // N x the single-thread rate: what N threads reach when nothing else runs.
+    auto per_byte = host_ceiling->SingleThread(uint64_t{512} << 20, 3);
+    auto all = host_ceiling->Run(ceiling_threads);
+    if (!per_byte.ok()) return Fail(per_byte.status());
+    if (!all.ok()) return Fail(all.status());
+    const double single = 1.0 / *per_byte, n = ceiling_threads;
+    std::printf(
+        "decode      1 thread %s (best of 3 passes over %s of the blocks), %d thread%s %s\n",
+        Rate(1, *per_byte).c_str(), HumanBytes(host_ceiling->sample_bytes()).c_str(),
+        ceiling_threads, ceiling_threads == 1 ? "" : "s", Rate(bytes, *all).c_str());
+    std::printf(
+        "ratio       %.2f of %d x the 1-thread decode (best run %.2f), %.2f of the %d-thread "
+        "decode\n",
+        bytes / median / (n * single), ceiling_threads, bytes / best / (n * single), *all / median,
+        ceiling_threads);
+  }
   if (stats.used_direct_io) {
     std::printf(
         "note        the loads read with O_DIRECT, so the disk bounds them, not the "

@@ -17,10 +17,9 @@
 #include <thread>
 #include <tuple>
 
-#include "format/block_source.hpp"
-#include "codec/codec.hpp"
-#include "cuda/cuda_util.hpp"
 #include "base/util.hpp"
+#include "cuda/cuda_util.hpp"
+#include "dist/dist_plan.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda.h>
@@ -183,61 +182,19 @@ Status NcclStatus(const NcclApi& api, NcclComm comm, int rc, const char* what) {
 constexpr uint64_t kMaxBroadcastBytes = uint64_t{1} << 30;
 // Bounds the work NCCL fuses into one group launch.
 constexpr size_t kMaxGroupOps = 256;
-constexpr uint64_t kArenaAlign = 256;
 
-// What the plan needs to know of the checkpoint: its shards and a name lookup.
-struct Source {
-  std::vector<const Reader*> shards;
-  std::function<Result<std::pair<uint32_t, size_t>>(std::string_view)> find;
-  std::function<std::vector<std::string>()> names;
-  std::string path;
-};
-
-Source FromReader(const Reader& reader) {
-  Source s;
-  s.shards.push_back(&reader);
-  s.find = [&reader](std::string_view name) -> Result<std::pair<uint32_t, size_t>> {
-    FERRY_ASSIGN_OR_RETURN(size_t i, BlocksOf(reader).Lookup(name));
-    return std::make_pair(uint32_t{0}, i);
-  };
-  s.names = [&reader] { return reader.names(); };
-  s.path = reader.path();
-  return s;
+// The plan check's and Load's all-reduces, through the loader's device scratch (2 words each).
+// A template here rather than a member, so that the lambda stays out of the exported symbols.
+template <typename Impl>
+AllReduceMaxFn ReducerOf(Impl* impl, const std::string& where) {
+  return [impl, where](uint64_t* words, size_t) { return impl->AllReduceMax(words, where); };
 }
-
-Source FromSharded(const ShardedCheckpoint& ck) {
-  Source s;
-  for (size_t i = 0; i < ck.num_shards(); ++i) s.shards.push_back(ck.shard(i).get());
-  s.find = [&ck](std::string_view name) -> Result<std::pair<uint32_t, size_t>> {
-    FERRY_ASSIGN_OR_RETURN(auto loc, ck.Find(name));
-    return std::make_pair(static_cast<uint32_t>(loc.shard), loc.info.index);
-  };
-  s.names = [&ck] { return ck.names(); };
-  s.path = ck.path();
-  return s;
-}
-
-// One replicated request, resolved.
-struct Item {
-  size_t request = 0;  // index into the caller's requests (or the names list)
-  uint32_t shard = 0;
-  size_t tensor = 0;
-  TensorInfo info;          // shape already narrowed to the requested rows
-  int64_t row0 = 0;         // first requested row (0 for whole tensors)
-  bool whole = true;        // no row range was requested
-  uint64_t file_begin = 0;  // file offset of the first requested byte, for ordering
-  uint64_t len = 0;
-  uint64_t row_bytes = 0;  // 0: not cut between rows
-  uint8_t* caller_dst = nullptr;
-  uint64_t arena_off = 0;
-};
 
 // One broadcast: `bytes` at `ptr` from `root`.
 struct Op {
   uint8_t* ptr;
   uint64_t bytes;
   int root;
-  bool arena;  // inside the call's own allocation (may absorb the next arena piece)
 };
 
 }  // namespace
@@ -291,83 +248,12 @@ class DistributedLoader::Impl {
     return Status::Ok();
   }
 
-  // Planning: resolves requests into replicated items and local requests.
-  Status Resolve(const Source& src, const std::vector<DistributedRequest>& requests,
-                 std::vector<Item>* items, std::vector<size_t>* locals) {
-    auto add = [&](size_t k, std::string_view name, int64_t row_begin, int64_t row_end, void* dst,
-                   uint64_t dst_bytes) -> Status {
-      FERRY_ASSIGN_OR_RETURN(auto where, src.find(name));
-      const BlockSource& r = BlocksOf(*src.shards[where.first]);
-      FERRY_ASSIGN_OR_RETURN(Extent e, r.Locate(where.second, row_begin, row_end));
-      Item m;
-      m.request = k;
-      m.shard = where.first;
-      m.tensor = e.tensor;
-      m.whole = row_begin == 0 && row_end < 0;
-      m.row0 = m.whole ? 0 : row_begin;
-      m.len = e.len;
-      m.file_begin = e.file_offset();
-      // Cut only where the Loader can start a row range: a row must start on a byte. A tensor
-      // of one row is not cut.
-      if (!m.whole || (!e.info.shape.empty() && e.info.shape[0] > 1)) {
-        auto one = r.RowRange(m.tensor, 0, 1);
-        if (one.ok() && one->second < r.RawSize(m.tensor)) m.row_bytes = one->second;
-      }
-      m.info = std::move(e.info);
-      if (dst != nullptr) {
-        if (dst_bytes < m.len) {
-          return Error(StatusCode::kInvalidArgument, r.Where(m.tensor), ": needs ", m.len,
-                       " bytes, destination holds ", dst_bytes);
-        }
-        m.caller_dst = static_cast<uint8_t*>(dst);
-      }
-      items->push_back(std::move(m));
-      return Status::Ok();
-    };
-    if (requests.empty()) {
-      std::vector<std::string> names = src.names();
-      for (size_t k = 0; k < names.size(); ++k) {
-        FERRY_RETURN_IF_ERROR(add(k, names[k], 0, -1, nullptr, 0));
-      }
-    } else {
-      for (size_t k = 0; k < requests.size(); ++k) {
-        const DistributedRequest& q = requests[k];
-        if (q.local) {
-          FERRY_RETURN_IF_ERROR(src.find(q.name).status());  // fail at planning, not later
-          locals->push_back(k);
-          continue;
-        }
-        FERRY_RETURN_IF_ERROR(add(k, q.name, q.row_begin, q.row_end, q.dst, q.dst_bytes));
-      }
-    }
-    // File order (per shard) makes every rank's reads stream through the files. The key holds
-    // only what every rank shares (not buffer addresses), so all ranks sort alike; items with
-    // equal keys are interchangeable for the plan.
-    auto key = [](const Item& m) {
-      return std::make_tuple(m.shard, m.file_begin, m.len, std::string_view(m.info.name),
-                             m.caller_dst != nullptr);
-    };
-    std::stable_sort(items->begin(), items->end(),
-                     [&](const Item& a, const Item& b) { return key(a) < key(b); });
-    return Status::Ok();
-  }
-
-  uint64_t PlanHash(const std::vector<Item>& items) const {
-    std::string key = StrCat(nranks, "/", options.rounds, "/", items.size(), "\n");
-    for (const Item& m : items) {
-      key += StrCat(m.shard, " ", m.info.name, " ", m.file_begin, " ", m.len, " ", m.row_bytes, " ",
-                    m.caller_dst != nullptr, "\n");
-    }
-    uint64_t h = Checksum64(key.data(), key.size());
-    return h == UINT64_MAX ? h - 1 : h;  // UINT64_MAX marks a rank that failed to plan
-  }
-
   struct Outcome {
     Result<std::vector<LoadedTensor>> result;
     bool collective = false;  // every rank reached the enqueue phase (Load may agree on status)
   };
 
-  Outcome Run(const Source& src, const std::vector<DistributedRequest>& requests, Stream stream,
+  Outcome Run(const PlanSource& src, const std::vector<DistributedRequest>& requests, Stream stream,
               const DeviceAllocator* alloc) {
     auto t0 = std::chrono::steady_clock::now();
     cudaStream_t cstream = reinterpret_cast<cudaStream_t>(stream);
@@ -380,17 +266,13 @@ class DistributedLoader::Impl {
     stats.nranks = nranks;
 
     // ---- plan (local failures are reported to the other ranks by the plan check) ----------
-    std::vector<Item> items;
+    std::vector<PlanEntry> items;
     std::vector<size_t> locals;
-    Status plan_status = Resolve(src, requests, &items, &locals);
+    Status plan_status = ResolvePlan(src, requests, &items, &locals);
     uint64_t arena_bytes = 0;
     std::shared_ptr<void> arena;
     if (plan_status.ok()) {
-      for (Item& m : items) {
-        if (m.caller_dst != nullptr || m.len == 0) continue;
-        m.arena_off = arena_bytes;
-        arena_bytes += AlignUp(m.len, kArenaAlign);
-      }
+      arena_bytes = LayOutArena(&items, UINT64_MAX);  // one allocation for the call
       if (arena_bytes > 0) {
         auto allocated = Allocate(arena_bytes, cstream, alloc, src.path);
         if (allocated.ok()) {
@@ -401,66 +283,32 @@ class DistributedLoader::Impl {
       }
     }
     if (options.check_plan) {
-      uint64_t h = plan_status.ok() ? PlanHash(items) : UINT64_MAX;
-      uint64_t words[2] = {h, ~h};
-      if (plan_status.ok()) {
-        if (Status st = AllReduceMax(words, src.path); !st.ok()) return {st, false};
-        if (words[0] != h || words[1] != ~h) {
-          return {Error(StatusCode::kInvalidArgument, src.path, ": rank ", rank,
-                        ": the ranks disagree on the replicated requests (or another rank "
-                        "failed to plan); every rank must request the same tensors and rows, "
-                        "with or without a destination alike"),
-                  false};
-        }
-      } else {
-        words[1] = UINT64_MAX;
-        if (Status st = AllReduceMax(words, src.path); !st.ok()) return {st, false};
-        return {plan_status, false};
-      }
+      const uint64_t h = plan_status.ok() ? PlanHash(items, nranks, options.rounds) : 0;
+      Status st = AgreeOnPlan(plan_status, h, ReducerOf(this, src.path), src.path, rank);
+      if (!st.ok()) return {st, false};
     } else if (!plan_status.ok()) {
       return {plan_status, false};
     }
 
     // ---- destinations and broadcasts -------------------------------------------------------
-    std::vector<PlanItem> plan_items(items.size());
-    for (size_t i = 0; i < items.size(); ++i) {
-      plan_items[i] = PlanItem{items[i].len, items[i].row_bytes};
-    }
     const int rounds = options.rounds;
-    std::vector<PlanPiece> pieces = SplitPlan(plan_items, nranks, rounds);
-    auto dst_of = [&](const Item& m) {
+    std::vector<PlanPiece> pieces = SplitEntries(items, nranks, rounds);
+    auto dst_of = [&](const PlanEntry& m) {
       return m.caller_dst != nullptr ? m.caller_dst
                                      : static_cast<uint8_t*>(arena.get()) + m.arena_off;
     };
-    const size_t nseg = static_cast<size_t>(nranks) * rounds;
-    std::vector<std::vector<Op>> ops(nseg);
-    std::vector<std::vector<const PlanPiece*>> mine(rounds);
-    for (const PlanPiece& p : pieces) {
-      const Item& m = items[p.item];
-      const int root = static_cast<int>(p.segment / rounds);
-      uint8_t* ptr = dst_of(m) + p.begin;
-      std::vector<Op>& seg_ops = ops[p.segment];
-      // Arena pieces of one segment lie in order with less than kArenaAlign bytes of padding
-      // between them: one broadcast covers them all, however many tensors they hold. Whether
-      // pieces join depends only on the shared plan, so every rank issues the same calls.
-      const bool arena_piece = m.caller_dst == nullptr;
-      bool joined = false;
-      if (arena_piece && !seg_ops.empty() && seg_ops.back().arena) {
-        Op& last = seg_ops.back();
-        uint8_t* end = last.ptr + last.bytes;
-        if (ptr >= end && static_cast<uint64_t>(ptr - end) < kArenaAlign) {
-          last.bytes = static_cast<uint64_t>(ptr + p.len - last.ptr);
-          joined = true;
-        }
-      }
-      if (!joined) seg_ops.push_back(Op{ptr, p.len, root, arena_piece});
-      if (root == rank) {
-        mine[p.segment % rounds].push_back(&p);
-        stats.bytes_read += p.len;
-      } else {
-        stats.bytes_received += p.len;
+    std::vector<std::vector<Op>> ops;
+    for (const std::vector<PlanBroadcast>& seg : PlanBroadcasts(items, pieces, nranks, rounds)) {
+      ops.emplace_back();
+      for (const PlanBroadcast& b : seg) {
+        ops.back().push_back(Op{dst_of(items[b.item]) + b.begin, b.bytes, b.root});
       }
     }
+    for (const PlanPiece& p : pieces) {
+      (static_cast<int>(p.segment / rounds) == rank ? stats.bytes_read : stats.bytes_received) +=
+          p.len;
+    }
+    const std::vector<std::vector<const PlanPiece*>> mine = PiecesOf(pieces, rank, rounds);
 
     // ---- enqueue: read round k on `stream`, broadcast it on `side` -------------------------
     Status failure;  // first local failure; collectives still go out so no rank hangs
@@ -488,7 +336,7 @@ class DistributedLoader::Impl {
       return {CudaStatus(err, src.path, "joining the broadcast stream"), true};
     if (!failure.ok()) return {failure, true};
 
-    for (const Item& m : items) {
+    for (const PlanEntry& m : items) {
       LoadedTensor& t = out[m.request];
       t.info = m.info;
       t.nbytes = m.len;
@@ -527,24 +375,15 @@ class DistributedLoader::Impl {
   }
 
   template <typename DstOf>
-  Status ReadPieces(const Source& src, const std::vector<Item>& items,
+  Status ReadPieces(const PlanSource& src, const std::vector<PlanEntry>& items,
                     const std::vector<const PlanPiece*>& pieces, const DstOf& dst_of,
                     cudaStream_t stream) {
     std::vector<std::vector<LoadRequest>> per_shard(src.shards.size());
     for (const PlanPiece* p : pieces) {
-      const Item& m = items[p->item];
+      const PlanEntry& m = items[p->item];
       LoadRequest q;
       q.name = m.info.name;
-      if (p->begin == 0 && p->len == m.len) {
-        if (!m.whole) {
-          q.row_begin = m.row0;
-          q.row_end = m.row0 + m.info.shape[0];
-        }
-      } else {
-        // SplitPlan cuts inside an item only on row boundaries.
-        q.row_begin = m.row0 + static_cast<int64_t>(p->begin / m.row_bytes);
-        q.row_end = q.row_begin + static_cast<int64_t>(p->len / m.row_bytes);
-      }
+      std::tie(q.row_begin, q.row_end) = PieceRows(m, *p);
       q.dst = dst_of(m) + p->begin;
       q.dst_bytes = p->len;
       per_shard[m.shard].push_back(std::move(q));
@@ -558,7 +397,7 @@ class DistributedLoader::Impl {
     return Status::Ok();
   }
 
-  Status ReadLocals(const Source& src, const std::vector<DistributedRequest>& requests,
+  Status ReadLocals(const PlanSource& src, const std::vector<DistributedRequest>& requests,
                     const std::vector<size_t>& locals, cudaStream_t stream,
                     const DeviceAllocator* alloc, std::vector<LoadedTensor>* out) {
     // Grouped by shard, one Loader call each; results go back to their request slots.
@@ -613,14 +452,7 @@ class DistributedLoader::Impl {
 
   // Load's epilogue: every rank learns whether any rank failed.
   Status Agree(Status mine, const std::string& where) {
-    uint64_t words[2] = {mine.ok() ? 0u : 1u, 0};
-    FERRY_RETURN_IF_ERROR(AllReduceMax(words, where));
-    if (!mine.ok()) return mine;
-    if (words[0] != 0) {
-      return Error(StatusCode::kInternal, where, ": rank ", rank,
-                   ": another rank failed this distributed load (its error says why)");
-    }
-    return Status::Ok();
+    return AgreeOnOutcome(mine, ReducerOf(this, where), where, rank);
   }
 };
 
@@ -673,14 +505,14 @@ Result<std::unique_ptr<DistributedLoader>> DistributedLoader::Create(NcclComm co
 
 namespace {
 
-Result<std::vector<LoadedTensor>> RunAsync(DistributedLoader::Impl& impl, const Source& src,
+Result<std::vector<LoadedTensor>> RunAsync(DistributedLoader::Impl& impl, const PlanSource& src,
                                            const std::vector<DistributedRequest>& requests,
                                            Stream stream, const DeviceAllocator* alloc) {
   std::lock_guard<std::mutex> lock(impl.mu);
   return impl.Run(src, requests, stream, alloc).result;
 }
 
-Result<std::vector<LoadedTensor>> RunSync(DistributedLoader::Impl& impl, const Source& src,
+Result<std::vector<LoadedTensor>> RunSync(DistributedLoader::Impl& impl, const PlanSource& src,
                                           const std::vector<DistributedRequest>& requests,
                                           Stream stream, const DeviceAllocator* alloc) {
   std::lock_guard<std::mutex> lock(impl.mu);
@@ -699,25 +531,25 @@ Result<std::vector<LoadedTensor>> RunSync(DistributedLoader::Impl& impl, const S
 Result<std::vector<LoadedTensor>> DistributedLoader::LoadAsync(
     const Reader& reader, const std::vector<DistributedRequest>& requests, Stream stream,
     const DeviceAllocator* allocator) {
-  return RunAsync(*impl_, FromReader(reader), requests, stream, allocator);
+  return RunAsync(*impl_, SourceOf(reader), requests, stream, allocator);
 }
 
 Result<std::vector<LoadedTensor>> DistributedLoader::LoadAsync(
     const ShardedCheckpoint& checkpoint, const std::vector<DistributedRequest>& requests,
     Stream stream, const DeviceAllocator* allocator) {
-  return RunAsync(*impl_, FromSharded(checkpoint), requests, stream, allocator);
+  return RunAsync(*impl_, SourceOf(checkpoint), requests, stream, allocator);
 }
 
 Result<std::vector<LoadedTensor>> DistributedLoader::Load(
     const Reader& reader, const std::vector<DistributedRequest>& requests, Stream stream,
     const DeviceAllocator* allocator) {
-  return RunSync(*impl_, FromReader(reader), requests, stream, allocator);
+  return RunSync(*impl_, SourceOf(reader), requests, stream, allocator);
 }
 
 Result<std::vector<LoadedTensor>> DistributedLoader::Load(
     const ShardedCheckpoint& checkpoint, const std::vector<DistributedRequest>& requests,
     Stream stream, const DeviceAllocator* allocator) {
-  return RunSync(*impl_, FromSharded(checkpoint), requests, stream, allocator);
+  return RunSync(*impl_, SourceOf(checkpoint), requests, stream, allocator);
 }
 
 int DistributedLoader::rank() const { return impl_->rank; }

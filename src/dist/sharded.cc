@@ -384,6 +384,12 @@ Status ShardedSave::CommitAsync() {
   return Status::Ok();
 }
 
+bool ShardedSave::shard_done() const {
+  if (impl_->done) return true;
+  if (!impl_->pending) return false;
+  return !impl_->async_error.ok() || impl_->pending->done();
+}
+
 Status ShardedSave::Finish() {
   if (impl_->done || !impl_->pending) {
     return Error(StatusCode::kInvalidArgument, impl_->index_path,

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "ferry_generated.h"
 #include "base/util.hpp"
+#include "ferry_generated.h"
 
 namespace ferry {
 
@@ -156,12 +156,15 @@ DirectFile OpenDirect(const BlockSource& source, const LoadPlan& plan, IoMode io
   return DirectFile();
 }
 
-std::vector<Piece> MakePieces(const LoadPlan& plan, uint64_t max_piece) {
+std::vector<Piece> MakePieces(const LoadPlan& plan, uint64_t max_piece, bool whole_encoded_blocks) {
   std::vector<Piece> pieces;
   for (size_t k : plan.order) {
     const Resolved& r = plan.res[k];
     uint64_t step = max_piece;
-    if (r.info.block_size > 0) step = std::min(step, r.info.block_size);
+    if (r.info.block_size > 0) {
+      const bool whole = whole_encoded_blocks && r.info.encoding != Encoding::kRaw;
+      step = whole ? r.info.block_size : std::min(step, r.info.block_size);
+    }
     uint64_t pos = r.begin, end = r.begin + r.len;
     while (pos < end) {
       uint64_t next = std::min(end, (pos / step + 1) * step);

@@ -553,7 +553,7 @@ class Loader::Impl {
     FERRY_ASSIGN_OR_RETURN(LoadPlan plan, Resolve(source, requests));
     std::vector<LoadedTensor> out;
     FERRY_RETURN_IF_ERROR(AllocateHost(source, plan, &out));
-    const std::vector<Piece> pieces = MakePieces(plan, options.slot_bytes);
+    const std::vector<Piece> pieces = MakePieces(plan, options.slot_bytes, true);
     std::unique_ptr<Handover> handover;
     if (on_ready != nullptr) {
       std::vector<uint32_t> count(plan.res.size(), 0);

@@ -295,6 +295,10 @@ def test_scaling_state_rejects_bad_input(path):
     with pytest.raises(ValueError, match="fp8_format"):
         tf.save_file({}, path, scaling_state={
             "m": {"recipe": {"type": "DelayedScaling", "fp8_format": "E9M9"}, "states": []}})
+    # The library's check, naming the file and the module.
+    with pytest.raises(ValueError, match="scaling state 'm': a custom recipe needs custom_name"):
+        tf.save_file({}, path, scaling_state={"m": {"recipe": {"type": "CustomRecipe"},
+                                                    "states": []}})
     with pytest.raises(ValueError, match="disagree"):
         tf.save_file({}, path, scaling_state={"m": {"recipe": None, "states": [
             {"slot_roles": ["input"], "scale": [1, 2], "amax_history": np.zeros((2, 2))}]}})

@@ -2,6 +2,7 @@
 field of LoaderOptions, WriterOptions or ReaderOptions without a C field (in ferry.h, in the
 ctypes mirror and read by the C API in src/capi/) or a Python keyword fails here."""
 
+import ctypes
 import inspect
 import os
 import re
@@ -93,6 +94,27 @@ def test_ctypes_mirrors_the_c_structs():
     for _, (_, cname, mirror, _, _) in OPTIONS.items():
         names = [f[0] for f in mirror._fields_]
         assert names == ["struct_size"] + c_fields(cname), cname
+
+
+# The other C structs Python mirrors (each once), field by field and size by size.
+MIRRORS = {
+    "ferry_tensor_record_t": _lib.TensorRecord,
+    "ferry_tensor_table_t": _lib.TensorTable,
+    "ferry_sharded_save_options_t": _lib.ShardedSaveOptions,
+    "ferry_dist_plan_options_t": _lib.DistPlanOptions,
+    "ferry_dist_item_t": _lib.DistItem,
+    "ferry_dist_broadcast_t": _lib.DistBroadcast,
+    "ferry_dist_read_t": _lib.DistRead,
+    "ferry_dist_plan_view_t": _lib.DistPlanView,
+}
+
+
+def test_ctypes_mirrors_the_other_c_structs():
+    header = _read("include/ferry/ferry.h")
+    for cname, mirror in MIRRORS.items():
+        names = [f[0] for f in mirror._fields_]
+        assert names == _fields(header, "typedef struct %s {" % cname, "} %s;" % cname), cname
+    assert ctypes.sizeof(_lib.TensorRecord) == 80  # eight uint64, four int32
 
 
 def test_every_cpp_option_has_a_python_keyword():

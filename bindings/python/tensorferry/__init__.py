@@ -25,7 +25,6 @@ import atexit
 import ctypes
 import operator
 import os
-import struct
 import threading
 
 from . import _dtypes, _lib, _scaling
@@ -81,19 +80,15 @@ class TensorInfo:
 
     def __init__(self, name, dtype, shape, nbytes, encoding, data_offset, data_size):
         self.name = name
-        self.dtype = _dtypes.NAMES[dtype]
+        self.dtype = _dtypes.name(dtype)
         self.shape = shape
         self.nbytes = nbytes
-        self.encoding = {0: "raw", 1: "zstd", 2: "shuffle_zstd", 3: "planes"}[encoding]
+        self.encoding = _lib.ENCODING_NAMES[encoding]
         self.data_offset = data_offset
         self.data_size = data_size
 
     def __repr__(self):
         return "TensorInfo(%r, %s, %r, %s)" % (self.name, self.dtype, self.shape, self.encoding)
-
-
-# ferry_tensor_record_t (include/ferry/ferry.h): eight uint64 then four int32.
-_RECORD = struct.Struct("<8Q4i")
 
 
 def _numel(shape):
@@ -103,11 +98,17 @@ def _numel(shape):
     return n
 
 
-def _storage_bytes(dtype, numel):
-    return (numel + 1) // 2 if dtype == "F4_E2M1FN" else numel * _dtypes.ITEMSIZE.get(dtype, 1)
-
-
 # ---- writing ------------------------------------------------------------------------------
+
+
+def _torch_source(t):
+    """(dtype name, shape, contiguous tensor) of a torch tensor to save. A contiguous copy of a
+    CUDA tensor is made on the current stream, before the copies that read it."""
+    name = _dtypes.from_torch(t.dtype)
+    shape = list(t.shape)
+    if name == "F4_E2M1FN":  # float4_e2m1fn_x2: pairs along the last dimension
+        shape = shape[:-1] + [shape[-1] * 2] if shape else [2]
+    return name, shape, t if t.is_contiguous() else t.contiguous()
 
 
 def _host_source(value):
@@ -118,14 +119,8 @@ def _host_source(value):
         t = value.detach()
         if t.device.type != "cpu":
             t = t.to("cpu")  # CUDA sources: copied to the host on the current stream
-        name = _dtypes.from_torch(t.dtype)
-        shape = list(t.shape)
-        if name == "F4_E2M1FN":  # float4_e2m1fn_x2: pairs along the last dimension
-            shape = shape[:-1] + [shape[-1] * 2] if shape else [2]
-        if not t.is_contiguous():
-            t = t.contiguous()
-        nbytes = t.numel() * t.element_size()
-        return name, shape, t.data_ptr(), nbytes, t
+        name, shape, t = _torch_source(t)
+        return name, shape, t.data_ptr(), t.numel() * t.element_size(), t
     if not isinstance(value, np.ndarray):
         if hasattr(value, "__dlpack__") and not hasattr(value, "__array_interface__"):
             value = np.from_dlpack(value)
@@ -156,12 +151,7 @@ def _cuda_source(value):
     if t.device.index != torch.cuda.current_device():
         return None  # another device's tensor: copied through the host, as before
     stream = torch.cuda.current_stream(t.device)
-    name = _dtypes.from_torch(t.dtype)
-    shape = list(t.shape)
-    if name == "F4_E2M1FN":
-        shape = shape[:-1] + [shape[-1] * 2] if shape else [2]
-    if not t.is_contiguous():
-        t = t.contiguous()  # on the current stream, before the copies that read it
+    name, shape, t = _torch_source(t)
     return name, shape, t.data_ptr(), t.numel() * t.element_size(), stream.cuda_stream, t
 
 
@@ -173,13 +163,13 @@ def _add_source(handle, name, value, keep):
         dtype, shape, ptr, nbytes, stream, t = cuda
         cshape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
         _lib.call("ferry_writer_add_device_tensor_async", handle, _name(name),
-                  _dtypes.CODES[dtype], cshape, len(shape), ctypes.c_void_p(ptr), nbytes,
+                  _dtypes.code(dtype), cshape, len(shape), ctypes.c_void_p(ptr), nbytes,
                   _lib.ENCODING_DEFAULT, ctypes.c_void_p(stream))
         keep.append(t)
         return
     dtype, shape, ptr, nbytes, host = _host_source(value)
     cshape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
-    _lib.call("ferry_writer_add_tensor", handle, _name(name), _dtypes.CODES[dtype], cshape,
+    _lib.call("ferry_writer_add_tensor", handle, _name(name), _dtypes.code(dtype), cshape,
               len(shape), ctypes.c_void_p(ptr), nbytes, _lib.ENCODING_DEFAULT)
     # With a staging pool the bytes were copied; without one they were written.
     del host
@@ -315,6 +305,16 @@ def _nbytes(value):
     return getattr(value, "nbytes", 0)
 
 
+def _staging_for(tensors, staging):
+    """The StagingPool an asynchronous save of `tensors` uses: `staging` itself, a new pool of
+    that many bytes, or (None) the process-wide one."""
+    if staging is None:
+        return _pool_for(sum(_nbytes(v) for v in tensors.values()))
+    if not isinstance(staging, StagingPool):
+        return StagingPool(int(staging))
+    return staging
+
+
 def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=None,
                     block_size=None, threads=0, durable=True, scaling_state=None, producer=None,
                     staging=None, direct_io=True, progress=None):
@@ -327,14 +327,11 @@ def save_file_async(tensors, path, metadata=None, *, encoding="raw", zstd_level=
     pool at least as large as `tensors` (allocated on first use, grown when a larger
     checkpoint comes). With a pool smaller than the checkpoint, the call also waits until all
     but the last pool-full of bytes are written to the file."""
-    if staging is None:
-        staging = _pool_for(sum(_nbytes(v) for v in tensors.values()))
-    elif not isinstance(staging, StagingPool):
-        staging = StagingPool(int(staging))
     return save_file(tensors, path, metadata, encoding=encoding, zstd_level=zstd_level,
                      block_size=block_size, threads=threads, durable=durable,
-                     scaling_state=scaling_state, producer=producer, staging=staging,
-                     direct_io=direct_io, progress=progress, _background=True)
+                     scaling_state=scaling_state, producer=producer,
+                     staging=_staging_for(tensors, staging), direct_io=direct_io,
+                     progress=progress, _background=True)
 
 
 def _is_torch(value):
@@ -398,6 +395,32 @@ class _Progress:
         self.c_function = _lib.PROGRESS_FN(call)
 
 
+def _refuse_shared(tensors):
+    shared = shared_tensor_groups(tensors)
+    if shared:
+        # Stored twice, they would load as independent tensors (as safetensors refuses them).
+        raise RuntimeError(
+            "tensorferry: some tensors share memory, which would store their bytes twice and "
+            "load them as separate tensors: %s. Save one of each group (or .clone() the "
+            "others), or use tensorferry.torch.save_model, which drops the duplicate names."
+            % ", ".join("{%s}" % ", ".join(repr(n) for n in sorted(g)) for g in shared))
+
+
+def _fill_writer(handle, tensors, metadata, scaling_state, keep):
+    """Adds tensors, metadata and scaling state to a C writer handle; device sources stay
+    referenced in `keep` until the snapshot is complete."""
+    for name, value in tensors.items():
+        _add_source(handle, name, value, keep)
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
+                            % (key, value))
+        _lib.call("ferry_writer_set_metadata", handle, _text(key, "metadata key"),
+                  _text(value, "metadata value"))
+    if scaling_state:
+        _scaling.add_to_writer(handle, scaling_state)
+
+
 def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, block_size=None,
               threads=0, durable=True, scaling_state=None, producer=None, min_savings=None,
               staging=None, direct_io=True, progress=None, _background=False):
@@ -427,14 +450,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     """
     if encoding not in _lib.ENCODINGS:
         raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
-    shared = shared_tensor_groups(tensors)
-    if shared:
-        # Stored twice, they would load as independent tensors (as safetensors refuses them).
-        raise RuntimeError(
-            "tensorferry: some tensors share memory, which would store their bytes twice and "
-            "load them as separate tensors: %s. Save one of each group (or .clone() the "
-            "others), or use tensorferry.torch.save_model, which drops the duplicate names."
-            % ", ".join("{%s}" % ", ".join(repr(n) for n in sorted(g)) for g in shared))
+    _refuse_shared(tensors)
     opts = _lib.writer_options(encoding, zstd_level, threads, durable, block_size, min_savings,
                                producer)
     L = _lib.lib()
@@ -447,16 +463,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     _lib.call("ferry_writer_create", _path(path), ctypes.byref(opts), ctypes.byref(handle))
     keep = []  # CUDA sources (and their contiguous copies) until the snapshot is complete
     try:
-        for name, value in tensors.items():
-            _add_source(handle, name, value, keep)
-        for key, value in (metadata or {}).items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError("tensorferry: metadata keys and values must be str (got %r: %r)"
-                                % (key, value))
-            _lib.call("ferry_writer_set_metadata", handle, _text(key, "metadata key"),
-                      _text(value, "metadata value"))
-        if scaling_state:
-            _scaling.add_to_writer(handle, scaling_state)
+        _fill_writer(handle, tensors, metadata, scaling_state, keep)
         if _background:
             save = ctypes.c_void_p()
             _lib.call("ferry_writer_commit_async", handle, ctypes.byref(save))
@@ -493,6 +500,8 @@ class Reader(_Closable):
     after close()."""
 
     def __init__(self, path, verify=False, *, _handle=None):
+        import numpy as np
+
         L = _lib.lib()
         handle = _handle
         if handle is None:
@@ -522,16 +531,19 @@ class Reader(_Closable):
                 for i, raw in enumerate(names.split(b"\0")[:-1]):  # which one, for the message
                     _lib.decode(raw, path, "tensor #%d name" % i)
                 raise
-            self._record_size = table.record_size
-            self._records = ctypes.string_at(table.records, n * table.record_size) if n else b""
-            self._shapes = (ctypes.string_at(table.shapes, 8 * table.num_shape_entries)
-                            if table.num_shape_entries else b"")
+            self._table = np.frombuffer(
+                ctypes.string_at(table.records, n * table.record_size) if n else b"",
+                dtype=_lib.record_dtype(table.record_size), count=n)
+            self._dims = np.frombuffer(
+                ctypes.string_at(table.shapes, 8 * table.num_shape_entries)
+                if table.num_shape_entries else b"", "<i8")
             self._packed_bytes = table.packed_bytes
         except BaseException:
             self.close()
             raise
         self._infos = {}
         self._index = None
+        self._columns = None
 
     @property
     def handle(self):
@@ -570,10 +582,16 @@ class Reader(_Closable):
     def _record(self, i):
         """(name, dtype code, shape, nbytes, encoding code, data_offset, data_size,
         packed_offset) of tensor i in name order."""
-        (_, _, shape_at, nbytes, data_offset, data_size, _, packed, dtype, ndim, encoding,
-         _) = _RECORD.unpack_from(self._records, i * self._record_size)
-        shape = struct.unpack_from("<%dq" % ndim, self._shapes, 8 * shape_at) if ndim else ()
-        return self._order[i], dtype, shape, nbytes, encoding, data_offset, data_size, packed
+        c = self._columns
+        if c is None:  # Python lists, once: a record is read per tensor in the load loops
+            c = self._columns = {f: self._table[f].tolist() for f in (
+                "shape_offset", "nbytes", "data_offset", "data_size", "packed_offset", "dtype",
+                "ndim", "encoding")}
+            c["dims"] = self._dims.tolist()
+        at, ndim = c["shape_offset"][i], c["ndim"][i]
+        return (self._order[i], c["dtype"][i], tuple(c["dims"][at:at + ndim]),
+                c["nbytes"][i], c["encoding"][i], c["data_offset"][i], c["data_size"][i],
+                c["packed_offset"][i])
 
     def info(self, name):
         self.handle
@@ -635,7 +653,7 @@ class Reader(_Closable):
                 raise InvalidArgumentError(
                     _lib.INVALID_ARGUMENT, "%s: tensor %r: a scalar has no rows" % (self.path, name))
             shape = (rows[1] - rows[0],) + tuple(shape[1:])
-        return shape, _storage_bytes(info.dtype, _numel(shape))
+        return shape, _lib.storage_bytes(_dtypes.code(info.dtype), _numel(shape))
 
 
 # ---- numpy --------------------------------------------------------------------------------
@@ -673,21 +691,19 @@ def _numpy_load_all(reader, verify=False):
     if reader._packed_bytes:
         _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle, reader.handle,
                   ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
-    rec = np.frombuffer(reader._records, dtype=np.dtype(
-        {"names": ["shape_at", "nbytes", "packed", "dtype", "ndim"],
-         "formats": ["<u8", "<u8", "<u8", "<i4", "<i4"],
-         "offsets": [16, 24, 56, 64, 68], "itemsize": reader._record_size}), count=n)
-    dims = np.frombuffer(reader._shapes, "<i8").tolist() if reader._shapes else []
+    rec = reader._table
+    dims = reader._dims.tolist()
     np_types = {}
     out = {}
+    fp4 = _dtypes.code("F4_E2M1FN")
     for name, code, ndim, at, offset, nbytes in zip(
-            reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(), rec["shape_at"].tolist(),
-            rec["packed"].tolist(), rec["nbytes"].tolist()):
+            reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(),
+            rec["shape_offset"].tolist(), rec["packed_offset"].tolist(), rec["nbytes"].tolist()):
         shape = tuple(dims[at:at + ndim])
         dt = np_types.get(code)
         if dt is None:
-            dt = np_types[code] = _dtypes.to_numpy(_dtypes.NAMES[code])
-        if code == _dtypes.CODES["F4_E2M1FN"]:  # one element per byte in numpy
+            dt = np_types[code] = _dtypes.to_numpy(_dtypes.name(code))
+        if code == fp4:  # one element per byte in numpy
             codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
             out[name] = codes.view(dt).reshape(shape)
         else:
@@ -831,14 +847,14 @@ def _torch_cuda_load(reader, items, device, stream=None, non_blocking=False, loa
             # map, and a checkpoint can hold thousands of tensors).
             flat = None
             if len(plan) > 1:
-                total = sum((nb + 255) // 256 * 256 for _, _, _, _, nb in plan)
+                total = sum(_lib.packed_size(nb) for _, _, _, _, nb in plan)
                 flat = torch.empty(total, dtype=torch.uint8, device=dev)
             at = 0
             for name, rows, dtype, shape, nbytes in plan:
                 t = None
                 if flat is not None:
                     t = _torch_view(torch, flat, at, dtype, shape, nbytes)
-                    at += (nbytes + 255) // 256 * 256
+                    at += _lib.packed_size(nbytes)
                 if t is None:
                     t = _torch_empty(torch, dtype, shape, nbytes, dev)
                 outs.append(t)
@@ -872,7 +888,7 @@ def _torch_cuda_load_all(reader, device, verify=False):
             copied = False
             for i in range(len(reader._order)):
                 name, code, shape, nbytes, _, _, _, offset = reader._record(i)
-                dtype = _dtypes.NAMES[code]
+                dtype = _dtypes.name(code)
                 t = _torch_view(torch, flat, offset, dtype, shape, nbytes)
                 if t is None:  # no view of that dtype and shape: a copy of the bytes
                     t = _torch_empty(torch, dtype, shape, nbytes, dev)
@@ -936,7 +952,7 @@ def load_iter(path, device="cuda", verify=False):
             if i is None:
                 break
             name, code, shape, nbytes, _, _, _, offset = reader._record(i)
-            dtype = _dtypes.NAMES[code]
+            dtype = _dtypes.name(code)
             t = _torch_view(torch, flat, offset, dtype, shape, nbytes)
             if t is None:  # no view of that dtype and shape: a copy of the bytes
                 with torch.cuda.device(index):

@@ -7,19 +7,35 @@ Storage rules the conversions follow (schema/ferry.fbs):
   torch's float4_e2m1fn_x2 packs pairs along the last dimension the same way.
 """
 
-# ferry dtype codes, by schema name.
-CODES = {
-    "BOOL": 0, "U8": 1, "U16": 2, "U32": 3, "U64": 4, "I8": 5, "I16": 6, "I32": 7, "I64": 8,
-    "F16": 9, "BF16": 10, "F32": 11, "F64": 12, "C64": 13, "C128": 14,
-    "F8_E4M3FN": 15, "F8_E5M2": 16, "F8_E8M0FNU": 17, "F8_E4M3FNUZ": 18, "F8_E5M2FNUZ": 19,
-    "F6_E2M3FN": 20, "F6_E3M2FN": 21, "F4_E2M1FN": 22,
-}
-NAMES = {v: k for k, v in CODES.items()}
+_codes = _names = None
 
-ITEMSIZE = {
-    "BOOL": 1, "U8": 1, "U16": 2, "U32": 4, "U64": 8, "I8": 1, "I16": 2, "I32": 4, "I64": 8,
-    "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "C64": 8, "C128": 16,
-}
+
+def _tables():
+    """({name: code}, [name by code]) of every ferry dtype, as the library names them."""
+    global _codes, _names
+    if _codes is None:
+        from . import _lib
+
+        lib = _lib.lib()
+        names = []
+        while True:
+            name = lib.ferry_dtype_name(len(names)).decode()
+            if name == "?":  # past the last code
+                break
+            names.append(name)
+        _codes, _names = {n: c for c, n in enumerate(names)}, names
+    return _codes, _names
+
+
+def code(name):
+    """The ferry dtype code of a dtype name ("BF16" -> 10)."""
+    return _tables()[0][name]
+
+
+def name(code):
+    """The ferry dtype name of a code."""
+    return _tables()[1][code]
+
 
 # numpy's own dtypes (numpy's DLPack import knows these).
 _NUMPY_NATIVE = {

@@ -40,8 +40,10 @@ IO_ERROR = 8
 
 ENCODING_DEFAULT = -1
 ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2, "planes": 3}
+ENCODING_NAMES = {v: k for k, v in ENCODINGS.items()}
 
 READ_VERIFY = 1
+PACKED_ALIGNMENT = 256  # FERRY_PACKED_ALIGNMENT: where packed loads place each tensor
 
 DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
 DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
@@ -196,6 +198,16 @@ class TensorRecord(ctypes.Structure):
     ]
 
 
+def record_dtype(record_size):
+    """The numpy dtype of TensorRecord (ferry_tensor_record_t) for records `record_size` bytes
+    apart (a newer library may append fields)."""
+    import numpy as np
+
+    d = np.dtype(TensorRecord)
+    return np.dtype({"names": list(d.names), "formats": [d.fields[n][0] for n in d.names],
+                     "offsets": [d.fields[n][1] for n in d.names], "itemsize": record_size})
+
+
 class TensorTable(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -222,6 +234,93 @@ class PlanItem(ctypes.Structure):
 
 class PlanPiece(ctypes.Structure):
     _fields_ = [("item", c_uint32), ("segment", c_uint32), ("begin", c_uint64), ("len", c_uint64)]
+
+
+# int32_t (*)(void* user, uint64_t* words, size_t count): ferry_all_reduce_max_fn
+ALL_REDUCE_MAX_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, POINTER(c_uint64), c_size_t)
+
+
+class ShardedSaveOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("rank", c_int32),
+        ("nranks", c_int32),
+        ("all_reduce_max", ALL_REDUCE_MAX_FN),
+        ("all_reduce_user", c_void_p),
+        ("writer", POINTER(WriterOptions)),
+        ("metadata_keys", POINTER(c_char_p)),
+        ("metadata_values", POINTER(c_char_p)),
+        ("num_metadata", c_size_t),
+        ("remove_replaced", c_int32),
+    ]
+
+
+DIST_OWN_BUFFER = (1 << 64) - 1
+
+
+class DistPlanOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("rank", c_int32),
+        ("nranks", c_int32),
+        ("rounds", c_int32),
+        ("check_plan", c_int32),
+        ("own_min_bytes", c_uint64),
+        ("all_reduce_max", ALL_REDUCE_MAX_FN),
+        ("all_reduce_user", c_void_p),
+        ("local_names", POINTER(c_char_p)),
+        ("num_local", c_size_t),
+    ]
+
+
+class DistItem(ctypes.Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("request", c_size_t),
+        ("shard", c_uint32),
+        ("reserved", c_int32),
+        ("bytes", c_uint64),
+        ("row_bytes", c_uint64),
+        ("arena_offset", c_uint64),
+        ("row_begin", c_int64),
+        ("row_end", c_int64),
+    ]
+
+
+class DistBroadcast(ctypes.Structure):
+    _fields_ = [
+        ("round", c_int32),
+        ("root", c_int32),
+        ("item", c_uint32),
+        ("reserved", c_int32),
+        ("begin", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
+class DistRead(ctypes.Structure):
+    _fields_ = [
+        ("round", c_int32),
+        ("item", c_uint32),
+        ("begin", c_uint64),
+        ("bytes", c_uint64),
+        ("row_begin", c_int64),
+        ("row_end", c_int64),
+    ]
+
+
+class DistPlanView(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("num_items", c_size_t),
+        ("items", POINTER(DistItem)),
+        ("arena_bytes", c_uint64),
+        ("num_broadcasts", c_size_t),
+        ("broadcasts", POINTER(DistBroadcast)),
+        ("num_reads", c_size_t),
+        ("reads", POINTER(DistRead)),
+        ("rounds", c_int32),
+    ]
 
 
 class LoaderOptions(ctypes.Structure):
@@ -491,6 +590,22 @@ def _declare(lib):
     fn("ferry_sharded_shard", I, c_void_p, c_size_t, POINTER(c_void_p), E)
     fn("ferry_split_plan", I, POINTER(PlanItem), c_size_t, c_int32, c_int32, POINTER(PlanPiece),
        c_size_t, POINTER(c_size_t), E)
+    fn("ferry_sharded_from_reader", I, c_void_p, POINTER(c_void_p), E)
+    fn("ferry_sharded_save_options_init", None, POINTER(ShardedSaveOptions))
+    fn("ferry_sharded_save_begin", I, c_char_p, POINTER(ShardedSaveOptions), POINTER(c_void_p), E)
+    fn("ferry_sharded_save_writer", c_void_p, c_void_p)
+    fn("ferry_sharded_save_shard_path", c_char_p, c_void_p)
+    for name in ("ferry_sharded_save_commit", "ferry_sharded_save_commit_async",
+                 "ferry_sharded_save_finish"):
+        fn(name, I, c_void_p, E)
+    fn("ferry_sharded_save_shard_done", I, c_void_p)
+    fn("ferry_sharded_save_free", None, c_void_p)
+    fn("ferry_dist_plan_options_init", None, POINTER(DistPlanOptions))
+    fn("ferry_dist_plan_create", I, c_void_p, POINTER(LoadRequest), c_size_t,
+       POINTER(DistPlanOptions), POINTER(c_void_p), E)
+    fn("ferry_dist_plan_view", I, c_void_p, POINTER(DistPlanView), E)
+    fn("ferry_dist_plan_conclude", I, c_void_p, c_int32, E)
+    fn("ferry_dist_plan_free", None, c_void_p)
 
 
 def call(name, *args):
@@ -541,3 +656,16 @@ def writer_options(encoding, zstd_level=None, threads=0, durable=True, block_siz
     opts.durable = 1 if durable else 0
     opts.producer = text(producer, "producer") if producer else None
     return opts
+
+
+def storage_bytes(dtype_code, numel):
+    """Bytes `numel` elements of a dtype occupy (ferry_dtype_storage_bytes: FP4 packs two per
+    byte)."""
+    n = c_uint64()
+    call("ferry_dtype_storage_bytes", dtype_code, int(numel), ctypes.byref(n))
+    return n.value
+
+
+def packed_size(nbytes):
+    """`nbytes` rounded up to PACKED_ALIGNMENT: the room a tensor takes in a packed buffer."""
+    return (nbytes + PACKED_ALIGNMENT - 1) // PACKED_ALIGNMENT * PACKED_ALIGNMENT

@@ -97,12 +97,9 @@ def _c_recipe(recipe, module):
     if kind is None:
         return c, keep
     allowed = {f for f, _ in _FIELDS[kind]} | {"type"}
-    if kind == "CustomRecipe":
+    if kind == "CustomRecipe":  # the library refuses one without a name
         allowed |= {"name", "qfactory"}
-        name = recipe.get("name")
-        if not name:
-            raise ValueError("tensorferry: scaling state %r: CustomRecipe needs a name" % module)
-        keep.append(_lib.text(name, "CustomRecipe name"))
+        keep.append(_lib.text(recipe.get("name") or "", "CustomRecipe name"))
         c.custom_name = keep[-1]
         if recipe.get("qfactory"):
             keep.append(_lib.text(str(recipe["qfactory"]), "CustomRecipe qfactory"))
