@@ -26,8 +26,8 @@
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry/sharded.hpp"
-#include "io/io.hpp"
 #include "format/safetensors.hpp"
+#include "io/io.hpp"
 #include "save_group.hpp"
 #include "test_util.hpp"
 
@@ -37,6 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::RandomBytes;
 using testing::TempDir;
+using testing::TensorBytes;
 
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -53,12 +54,8 @@ struct TensorDef {
 
 std::vector<uint8_t> Content(const TensorDef& t, uint64_t generation, size_t index) {
   uint64_t n = *StorageBytes(t.dtype, *NumElements(t.shape));
-  auto bytes = RandomBytes(n, generation * 1000 + index);
-  // Weights-like high bytes so compressed tensors really compress (and take longer to write).
-  if (t.encoding != Encoding::kRaw) {
-    for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x0f;
-  }
-  return bytes;
+  // Compressed tensors really compress (and take longer to write).
+  return TensorBytes(n, generation * 1000 + index, t.encoding != Encoding::kRaw);
 }
 
 Status WriteGeneration(const std::string& path, const std::vector<TensorDef>& defs,

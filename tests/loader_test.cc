@@ -58,14 +58,7 @@ class LoaderTest : public ::testing::Test {
 
   void Add(Writer& w, const std::string& name, DType dtype, std::vector<int64_t> shape,
            Encoding enc, uint64_t seed) {
-    uint64_t n = *StorageBytes(dtype, *NumElements(shape));
-    std::vector<uint8_t> bytes = RandomBytes(n, seed);
-    if (enc != Encoding::kRaw) {
-      // Compressible: low-entropy high bytes like real weights.
-      for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x0f;
-    }
-    ASSERT_TRUE(w.AddTensor(name, dtype, shape, bytes.data(), n, enc).ok());
-    expected_[name] = std::move(bytes);
+    ASSERT_TRUE(testing::AddTestTensor(w, name, dtype, shape, enc, seed, &expected_).ok());
   }
 
   TempDir dir_;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,6 +58,28 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   }
   for (; i < n; ++i) out[i] = static_cast<uint8_t>(rng());
   return out;
+}
+
+// `n` random bytes; with `compressible`, every second byte keeps only its low nibble (the
+// low-entropy high bytes of real weights), so encoded tensors really compress.
+inline std::vector<uint8_t> TensorBytes(size_t n, uint64_t seed, bool compressible) {
+  std::vector<uint8_t> bytes = RandomBytes(n, seed);
+  if (compressible) {
+    for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x0f;
+  }
+  return bytes;
+}
+
+// Adds tensor `name` of TensorBytes (compressible where `enc` encodes) to `w`, and its bytes
+// to (*expected)[name].
+inline Status AddTestTensor(Writer& w, const std::string& name, DType dtype,
+                            const std::vector<int64_t>& shape, Encoding enc, uint64_t seed,
+                            std::map<std::string, std::vector<uint8_t>>* expected) {
+  const uint64_t n = *StorageBytes(dtype, *NumElements(shape));
+  std::vector<uint8_t> bytes = TensorBytes(n, seed, enc != Encoding::kRaw);
+  Status st = w.AddTensor(name, dtype, shape, bytes.data(), n, enc);
+  (*expected)[name] = std::move(bytes);
+  return st;
 }
 
 }  // namespace ferry::testing

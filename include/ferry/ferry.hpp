@@ -414,6 +414,7 @@ struct HostView {
 };
 
 class BlockSource;  // internal: the stored data behind a Reader
+class ByteSource;   // internal: where a Reader's bytes come from
 
 class FERRY_API Reader {
  public:
@@ -452,6 +453,8 @@ class FERRY_API Reader {
 
  private:
   friend const BlockSource& BlocksOf(const Reader& reader);
+  friend Result<std::shared_ptr<Reader>> OpenReader(std::shared_ptr<const ByteSource> bytes,
+                                                    ReaderOptions options);
   explicit Reader(std::unique_ptr<BlockSource> blocks);
   std::unique_ptr<BlockSource> blocks_;
 };

@@ -175,9 +175,14 @@ class FERRY_API Loader {
   // Enqueues every copy on `stream` and returns; data is ready once `stream` reaches this
   // point. Staging slots are reused as their events complete, so the call itself blocks on
   // CPU work and on slot reuse, never on the stream as a whole. Empty `requests`: every tensor.
-  // Exception: when PLANES blocks were expanded on the device, the call waits for `stream` at
-  // the end, so that a corrupt block is reported (DataLoss naming tensor and block) by this
-  // call rather than handed out.
+  // The one exception: a load that expands PLANES blocks on the device (PLANES tensors, in a
+  // build with the CUDA kernels, with LoaderOptions::verify off) waits before it returns
+  // until `stream` has run those decodes, and with them everything enqueued on `stream`
+  // before this call (an event recorded after its last decode; not cudaStreamSynchronize,
+  // so work other threads enqueue on `stream` meanwhile is not waited for). Only then is it
+  // known whether a block was corrupt, which is reported as DataLoss naming the tensor and the
+  // block instead of handing out garbage. Loads with verify on decode PLANES on the CPU,
+  // where checksums are computed, and never wait for the stream.
   Result<std::vector<LoadedTensor>> LoadAsync(const Reader& reader,
                                               const std::vector<LoadRequest>& requests,
                                               Stream stream = nullptr,

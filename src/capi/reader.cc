@@ -1,8 +1,10 @@
 // ferry_reader_t: open, describe, view and read one checkpoint file.
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "capi/internal.hpp"
 #include "format/block_source.hpp"
-#include "format/footer.hpp"
 #include "io/io.hpp"
 
 using namespace ferry::capi;  // NOLINT(build/namespaces): the entry points are shells over these
@@ -17,38 +19,32 @@ std::unique_ptr<TensorTable> BuildTable(const ferry::Reader& reader) {
   auto t = std::make_unique<TensorTable>();
   uint64_t name_bytes = 0, dims = 0;
   for (size_t i = 0; i < n; ++i) {
-    const ferry::fb::Tensor* x = r.at(i);
-    name_bytes += x->name()->size() + 1;
-    dims += x->shape() ? x->shape()->size() : 0;
+    const ferry::TensorRecord x = r.Record(i);
+    name_bytes += x.name.size() + 1;
+    dims += x.shape.size();
   }
   t->records.resize(n);
   t->names.resize(name_bytes);
   t->shapes.resize(dims);
   uint64_t name_at = 0, dim_at = 0, packed = 0;
   for (size_t i = 0; i < n; ++i) {
-    const ferry::fb::Tensor* x = r.at(i);
+    const ferry::TensorRecord x = r.Record(i);
     ferry_tensor_record_t& rec = t->records[i];
-    const flatbuffers::String* name = x->name();
-    std::memcpy(t->names.data() + name_at, name->data(), name->size());
-    t->names[name_at + name->size()] = '\0';
+    std::memcpy(t->names.data() + name_at, x.name.data(), x.name.size());
+    t->names[name_at + x.name.size()] = '\0';
     rec.name_offset = name_at;
-    rec.name_size = name->size();
-    name_at += name->size() + 1;
+    rec.name_size = x.name.size();
+    name_at += x.name.size() + 1;
     rec.shape_offset = dim_at;
-    rec.ndim = 0;
-    if (const auto* shape = x->shape()) {
-      for (flatbuffers::uoffset_t d = 0; d < shape->size(); ++d) {
-        t->shapes[dim_at + d] = shape->Get(d);
-      }
-      rec.ndim = static_cast<int32_t>(shape->size());
-      dim_at += shape->size();
-    }
-    rec.nbytes = x->nbytes();
-    rec.data_offset = x->data_offset();
-    rec.data_size = x->data_size();
-    rec.block_size = x->block_size();
-    rec.dtype = static_cast<int32_t>(x->dtype());
-    rec.encoding = static_cast<int32_t>(x->encoding());
+    std::copy(x.shape.begin(), x.shape.end(), t->shapes.begin() + dim_at);
+    rec.ndim = static_cast<int32_t>(x.shape.size());
+    dim_at += x.shape.size();
+    rec.nbytes = x.nbytes;
+    rec.data_offset = x.data_offset;
+    rec.data_size = x.data_size;
+    rec.block_size = x.block_size;
+    rec.dtype = static_cast<int32_t>(x.dtype);
+    rec.encoding = static_cast<int32_t>(x.encoding);
     rec.reserved = 0;
     // Sizes are validated at open (each tensor lies inside the file), so the sum of aligned
     // sizes cannot overflow.
@@ -292,17 +288,48 @@ int ferry_reader_find_scaling_state(const ferry_reader_t* reader, const char* mo
   });
 }
 
+namespace {
+// Tensor `info` of `reader` copied into host memory: what ferry_reader_view hands out where
+// the file is not mapped.
+ferry::Result<std::shared_ptr<void>> HostCopy(const ferry::Reader& reader,
+                                              const ferry::TensorInfo& info,
+                                              ferry::ReadOptions options) {
+  if (info.nbytes == 0) return std::shared_ptr<void>();
+  void* p = std::aligned_alloc(64, ferry::AlignUp(info.nbytes, 64));
+  if (p == nullptr) {
+    return ferry::Error(ferry::StatusCode::kResourceExhausted, reader.path(), ": tensor ",
+                        ferry::Quote(info.name), ": allocating ", info.nbytes, " bytes");
+  }
+  std::shared_ptr<void> copy(p, std::free);
+  FERRY_RETURN_IF_ERROR(reader.ReadInto(info.name, p, info.nbytes, options));
+  return copy;
+}
+}  // namespace
+
 int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t flags,
                       DLManagedTensorVersioned** out, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {
     FERRY_C_REQUIRE(reader);
     FERRY_C_REQUIRE(name);
     FERRY_C_REQUIRE(out);
-    auto view = reader->reader->View(name, ReadFlags(flags));
-    if (!view.ok()) return Report(view.status(), error);
     DLDevice dev;
     dev.device_type = kDLCPU;
     dev.device_id = 0;
+    // A file read without a mapping (a network file system) has nothing to view: a raw
+    // tensor comes as a copy, which a write cannot carry to the file either. Encoded tensors
+    // get the view's own refusal below.
+    if (ferry::BlocksOf(*reader->reader).mapping() == nullptr) {
+      auto info = reader->reader->Find(name);
+      if (!info.ok()) return Report(info.status(), error);
+      if (info->encoding == ferry::Encoding::kRaw) {
+        auto copy = HostCopy(*reader->reader, *info, ReadFlags(flags));
+        if (!copy.ok()) return Report(copy.status(), error);
+        *out = MakeManaged(*info, copy->get(), dev, 0, *copy);
+        return FERRY_OK;
+      }
+    }
+    auto view = reader->reader->View(name, ReadFlags(flags));
+    if (!view.ok()) return Report(view.status(), error);
     // Consumers may ignore DLPack's read-only flag (torch does) and write: the reader's own
     // mapping is read-only (a write would fault) and shared (it would reach the file). The view
     // maps its bytes again, privately: a write copies the page into this process.

@@ -169,11 +169,22 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
 }
 
 // Touches every page of the mapping so the timed loads read a hot page cache, as the
-// ceiling does.
+// ceiling does; a file read without a mapping is read through once instead.
 void WarmPageCache(const Reader& reader) {
-  const volatile uint8_t* p = BlocksOf(reader).mapping()->data();
+  const BlockSource& blocks = BlocksOf(reader);
   uint64_t size = reader.file_size();
   Progress progress("reading into the page cache", size);
+  if (blocks.mapping() == nullptr) {
+    constexpr uint64_t kChunk = uint64_t{4} << 20;
+    std::vector<uint8_t> buf(std::min(size, kChunk));
+    for (uint64_t off = 0; off < size; off += kChunk) {
+      const uint64_t n = std::min(kChunk, size - off);
+      if (!blocks.bytes().ReadAt(off, n, buf.data()).ok()) break;  // the loads will say why
+      progress.Add(n);
+    }
+    return;
+  }
+  const volatile uint8_t* p = blocks.mapping()->data();
   uint8_t sink = 0;
   for (uint64_t off = 0; off < size; off += 4096) {
     sink ^= p[off];
@@ -200,11 +211,12 @@ struct Runs {
 // single-thread rate on an idle machine). The buffer holds at most 1 GiB and is reused
 // round-robin (the rate does not depend on it being larger). Run() is called between loads: on
 // a busy machine a ceiling measured only once can land in a quiet or a noisy moment that the
-// loads did not see.
+// loads did not see. A file read without a mapping has its stored blocks read, then decoded.
 class HostCeiling {
  public:
-  HostCeiling(const Reader& reader, uint64_t bytes) {
-    const BlockSource& blocks = BlocksOf(reader);
+  HostCeiling(const Reader& reader, uint64_t bytes) : blocks_(BlocksOf(reader)) {
+    const BlockSource& blocks = blocks_;
+    const Mapping* mapping = blocks.mapping().get();
     const uint64_t cap = std::max<uint64_t>(1, std::min(bytes, uint64_t{1} << 30));
     dst_.assign(cap, 1);
     uint64_t off = 0;
@@ -214,11 +226,13 @@ class HostCeiling {
       for (uint64_t b = 0; b < blocks.NumBlocks(i); ++b) {
         const StoredBlock s = blocks.Block(i, b);
         if (off % cap + s.raw_size > cap) off += cap - off % cap;
-        pieces_.push_back(Piece{blocks.mapping()->data() + s.file_offset, s.stored_size, s.raw_size,
-                                off % cap, s.compressed, s.planes, width});
+        pieces_.push_back(Piece{mapping ? mapping->data() + s.file_offset : nullptr, s.file_offset,
+                                s.stored_size, s.raw_size, off % cap, s.compressed, s.planes,
+                                width});
         off += s.raw_size;
         encoded_ = encoded_ || info.encoding != Encoding::kRaw;
         largest_ = std::max(largest_, s.raw_size);
+        if (mapping == nullptr) largest_stored_ = std::max(largest_stored_, s.stored_size);
       }
     }
   }
@@ -258,23 +272,35 @@ class HostCeiling {
 
  private:
   struct Piece {
-    const uint8_t* src;
-    uint64_t stored, raw, dst_off;
+    const uint8_t* src;  // in the mapping; null: read from the source into `stored` first
+    uint64_t file_offset, stored, raw, dst_off;
     bool zstd, planes;
     size_t width;  // shuffle width (1: not shuffled)
   };
 
-  Status Decode(const Piece& p, uint8_t* scratch) {
+  Status Decode(const Piece& p, uint8_t* scratch, uint8_t* stored) {
     uint8_t* dst = dst_.data() + p.dst_off;
     uint8_t* out = p.width > 1 ? scratch : dst;
+    const uint8_t* src = p.src;
+    if (src == nullptr) {
+      // Raw blocks are read straight into place, as a load without a mapping reads them.
+      const bool raw = !p.planes && !p.zstd;
+      uint8_t* into = raw ? out : stored;
+      FERRY_RETURN_IF_ERROR(blocks_.bytes().ReadAt(p.file_offset, p.stored, into));
+      if (raw) {
+        if (out != dst) Unshuffle(out, dst, p.raw, p.width);
+        return Status::Ok();
+      }
+      src = into;
+    }
     Status st;
     if (p.planes) {
-      st = planes::Decode(p.src, p.stored, dst, p.raw, scratch);
+      st = planes::Decode(src, p.stored, dst, p.raw, scratch);
       out = dst;
     } else if (p.zstd) {
-      st = ZstdDecompressExact(p.src, p.stored, out, p.raw);
+      st = ZstdDecompressExact(src, p.stored, out, p.raw);
     } else {
-      std::memcpy(out, p.src, p.raw);
+      std::memcpy(out, src, p.raw);
     }
     if (st.ok() && out != dst) Unshuffle(out, dst, p.raw, p.width);
     return st;
@@ -284,12 +310,13 @@ class HostCeiling {
   Result<double> Pass(int threads, size_t stride) {
     while (scratch_.size() < static_cast<size_t>(threads)) {
       scratch_.emplace_back(encoded_ ? largest_ : 0, uint8_t{1});  // prefaulted
+      stored_.emplace_back(largest_stored_, uint8_t{1});
     }
     std::atomic<size_t> next{0};
     FirstError error;
     auto work = [&](int t) {
       for (size_t k; (k = next.fetch_add(1) * stride) < pieces_.size();) {
-        Status st = Decode(pieces_[k], scratch_[t].data());
+        Status st = Decode(pieces_[k], scratch_[t].data(), stored_[t].data());
         if (!st.ok()) error.Set(std::move(st));
       }
     };
@@ -306,12 +333,13 @@ class HostCeiling {
     return best;
   }
 
+  const BlockSource& blocks_;
   std::vector<uint8_t> dst_;
   std::vector<Piece> pieces_;
-  std::vector<std::vector<uint8_t>> scratch_;
+  std::vector<std::vector<uint8_t>> scratch_, stored_;
   std::map<int, double> best_;
   bool encoded_ = false;
-  uint64_t largest_ = 0, sample_bytes_ = 0;
+  uint64_t largest_ = 0, largest_stored_ = 0, sample_bytes_ = 0;
 };
 
 #ifdef FERRY_HAVE_CUDA

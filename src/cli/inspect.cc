@@ -4,10 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "format/block_source.hpp"
-#include "cli.hpp"
-#include "fp8_json.hpp"
 #include "base/util.hpp"
+#include "cli.hpp"
+#include "format/block_source.hpp"
+#include "fp8_json.hpp"
 
 namespace ferry::cli {
 
@@ -74,6 +74,7 @@ int RunInspect(const InspectOptions& options) {
     if (!blocks.safetensors()) j["format_version"] = reader.format_version();
     j["producer"] = reader.producer();
     j["file_size"] = reader.file_size();
+    j["read"] = blocks.bytes().Describe();
     j["checksums"] = blocks.has_checksums() ? Json("xxh3-64") : Json(nullptr);
     j["raw_bytes"] = raw_total;
     j["stored_bytes"] = stored_total;
@@ -118,6 +119,7 @@ int RunInspect(const InspectOptions& options) {
   }
   std::printf("size       %s (%llu bytes)\n", HumanBytes(reader.file_size()).c_str(),
               static_cast<unsigned long long>(reader.file_size()));
+  std::printf("read       %s\n", Printable(blocks.bytes().Describe()).c_str());
   if (blocks.has_checksums()) {
     std::printf("checksums  XXH3-64 per block\n");
   } else {

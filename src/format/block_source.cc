@@ -7,15 +7,18 @@
 #include <cstring>
 #include <vector>
 
-#include "codec/codec.hpp"
-#include "format/footer.hpp"
-#include "codec/planes.hpp"
 #include "base/util.hpp"
+#include "codec/codec.hpp"
+#include "codec/planes.hpp"
+#include "format/footer.hpp"
 
 namespace ferry {
 
-BlockSource::BlockSource(std::string path, std::shared_ptr<const Mapping> mapping, Index index)
-    : path_(std::move(path)), mapping_(std::move(mapping)), index_(std::move(index)) {}
+BlockSource::BlockSource(std::shared_ptr<const ByteSource> bytes, Index index)
+    : bytes_(std::move(bytes)),
+      path_(bytes_->name()),
+      mapping_(bytes_->mapping()),
+      index_(std::move(index)) {}
 
 size_t BlockSource::size() const {
   return index_.root->tensors() == nullptr ? 0 : index_.root->tensors()->size();
@@ -33,6 +36,21 @@ Result<size_t> BlockSource::Lookup(std::string_view name) const {
   int64_t i = IndexOf(name);
   if (i < 0) return Error(StatusCode::kNotFound, path_, ": no tensor named ", Quote(name));
   return static_cast<size_t>(i);
+}
+
+TensorRecord BlockSource::Record(size_t i) const {
+  const fb::Tensor* t = at(i);
+  TensorRecord r;
+  r.name = Sv(t->name());
+  // Validated at open: 8-byte aligned, little-endian like every platform this builds for.
+  if (const auto* shape = t->shape()) r.shape = {shape->data(), shape->size()};
+  r.dtype = static_cast<DType>(t->dtype());
+  r.encoding = static_cast<Encoding>(t->encoding());
+  r.nbytes = t->nbytes();
+  r.data_offset = t->data_offset();
+  r.data_size = t->data_size();
+  r.block_size = t->block_size();
+  return r;
 }
 
 std::string_view BlockSource::Name(size_t i) const { return Sv(at(i)->name()); }
@@ -146,11 +164,35 @@ Status BlockSource::Shrank(size_t i, uint64_t file_offset) const {
                " faulted");
 }
 
+Status BlockSource::ReadFailed(size_t i, const Status& st) const {
+  // The source's messages start with its name; the tensor goes after it.
+  std::string_view rest = st.message();
+  if (rest.starts_with(path_) && rest.substr(path_.size()).starts_with(": ")) {
+    rest.remove_prefix(path_.size() + 2);
+  }
+  return Error(st.code(), Where(i), ": ", rest);
+}
+
+Status BlockSource::ReadStoredRange(size_t i, uint64_t offset, uint64_t len, uint8_t* dst) const {
+  Status st = bytes_->ReadAt(offset, len, dst);
+  return st.ok() ? st : ReadFailed(i, st);
+}
+
+Status BlockSource::ReadStored(size_t i, uint64_t b, uint8_t* dst) const {
+  const StoredBlock s = Block(i, b);
+  if (mapping_ == nullptr) return ReadStoredRange(i, s.file_offset, s.stored_size, dst);
+  const uint8_t* from = mapping_->data() + s.file_offset;
+  if (!mapping_->Guard([&] { std::memcpy(dst, from, s.stored_size); })) {
+    return Shrank(i, s.file_offset);
+  }
+  return Status::Ok();
+}
+
 Status BlockSource::CheckSum(size_t i, uint64_t b, const uint8_t* raw) const {
   if (!has_checksums()) return Status::Ok();
   const StoredBlock s = Block(i, b);
   uint64_t sum = 0;
-  if (!mapping_->Guard([&] { sum = Checksum64(raw, s.raw_size); })) {
+  if (!Guarded([&] { sum = Checksum64(raw, s.raw_size); })) {
     return Shrank(i, s.file_offset);
   }
   return CompareSum(i, b, sum);
@@ -168,26 +210,47 @@ Status BlockSource::CompareSum(size_t i, uint64_t b, uint64_t sum) const {
   return Status::Ok();
 }
 
+// Scratch over kRetainedScratchBytes is leased from the process-wide budget: released when
+// the block is done, so the lease is never held across blocks.
+struct ScratchLease {
+  DecodeScratch& scratch;
+  ~ScratchLease() { scratch.Release(); }
+};
+
+Status BlockSource::CheckStoredSum(size_t i, uint64_t b) const {
+  const StoredBlock s = Block(i, b);
+  if (mapping_ != nullptr) return CheckSum(i, b, mapping_->data() + s.file_offset);
+  if (!has_checksums()) return Status::Ok();
+  thread_local DecodeScratch scratch;
+  ScratchLease lease{scratch};
+  auto got = scratch.Get(s.raw_size);
+  if (!got.ok()) {
+    return Error(got.status().code(), Where(i), ": verifying block ", b, ": ",
+                 got.status().message());
+  }
+  FERRY_RETURN_IF_ERROR(ReadStoredRange(i, s.file_offset, s.raw_size, *got));
+  return CheckSum(i, b, *got);
+}
+
 Status BlockSource::VerifyRange(size_t i, uint64_t begin, uint64_t len, const uint8_t* copy) const {
   if (len == 0) return Status::Ok();  // empty tensors have no blocks (block_size 0)
   const fb::Tensor* t = at(i);
   const uint64_t bs = t->block_size(), end = begin + len;
   for (uint64_t b = begin / bs; b * bs < end; ++b) {
     uint64_t bb = b * bs, be = bb + BlockRawSize(i, b);
-    const uint8_t* raw = copy != nullptr && bb >= begin && be <= end
-                             ? copy + (bb - begin)
-                             : mapping_->data() + t->data_offset() + bb;
-    FERRY_RETURN_IF_ERROR(CheckSum(i, b, raw));
+    if (copy != nullptr && bb >= begin && be <= end) {
+      FERRY_RETURN_IF_ERROR(CheckSum(i, b, copy + (bb - begin)));
+    } else {
+      FERRY_RETURN_IF_ERROR(CheckStoredSum(i, b));
+    }
   }
   return Status::Ok();
 }
 
 Status BlockSource::VerifyBlock(size_t i, uint64_t b) const {
-  const StoredBlock s = Block(i, b);
-  if (at(i)->encoding() == fb::Encoding::RAW) {
-    return CheckSum(i, b, mapping_->data() + s.file_offset);
-  }
-  return DecodeRange(i, b, mapping_->data() + s.file_offset, 0, 0, nullptr, true);
+  if (at(i)->encoding() == fb::Encoding::RAW) return CheckStoredSum(i, b);
+  const uint8_t* src = mapping_ ? mapping_->data() + Block(i, b).file_offset : nullptr;
+  return DecodeRange(i, b, src, 0, 0, nullptr, true);
 }
 
 Status BlockSource::VerifyTensor(size_t i) const {
@@ -203,9 +266,9 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
   const bool shuffled = t->encoding() == fb::Encoding::SHUFFLE_ZSTD && width > 1;
   // A PLANES block decodes through a second block-sized buffer (`work`).
   auto decode = [&](uint8_t* out, uint8_t* work) -> Status {
-    // `src` is in the mapping, or in a buffer a direct read filled (the guard is then idle).
+    // `src` is in the mapping, or in a buffer a read filled (the guard is then idle).
     Status st;
-    bool read = mapping_->Guard([&] {
+    bool read = Guarded([&] {
       if (s.planes) {
         st = planes::Decode(src, s.stored_size, out, s.raw_size, work);
       } else if (!s.compressed) {
@@ -221,26 +284,32 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
     }
     return Status::Ok();
   };
-  if (lo == 0 && hi == s.raw_size && !shuffled && !s.planes) {  // straight into the destination
+  const bool whole = lo == 0 && hi == s.raw_size && !shuffled && !s.planes;
+  // One block-sized buffer holding the block as stored (still shuffled): the bytes wanted are
+  // picked out of it and its checksum computed from it, without a second one. Without `src`,
+  // the stored bytes are read in behind it. One lease for all of a block's buffers: two
+  // leases per thread could deadlock the shared budget.
+  const uint64_t work = whole ? 0 : (s.planes ? 2 * s.raw_size : s.raw_size);
+  const uint64_t need = work + (src == nullptr ? s.stored_size : 0);
+  thread_local DecodeScratch scratch;
+  ScratchLease lease{scratch};
+  uint8_t* buf = nullptr;
+  if (need > 0) {
+    auto got = scratch.Get(need);
+    if (!got.ok()) {
+      return Error(got.status().code(), Where(i), ": decoding block ", b, ": ",
+                   got.status().message());
+    }
+    buf = *got;
+  }
+  if (src == nullptr) {
+    FERRY_RETURN_IF_ERROR(ReadStoredRange(i, s.file_offset, s.stored_size, buf + work));
+    src = buf + work;
+  }
+  if (whole) {  // straight into the destination
     FERRY_RETURN_IF_ERROR(decode(dst, nullptr));
     return verify ? CheckSum(i, b, dst) : Status::Ok();
   }
-  // One block-sized buffer holding the block as stored (still shuffled): the bytes wanted are
-  // picked out of it and its checksum computed from it, without a second one. Scratch over
-  // kRetainedScratchBytes is leased from the process-wide budget and released after the block.
-  thread_local DecodeScratch scratch;
-  struct Release {
-    DecodeScratch& scratch;
-    ~Release() { scratch.Release(); }
-  } release{scratch};
-  // One lease for both of a PLANES block's buffers: two leases per thread could deadlock the
-  // shared budget.
-  auto got = scratch.Get(s.planes ? 2 * s.raw_size : s.raw_size);
-  if (!got.ok()) {
-    return Error(got.status().code(), Where(i), ": decoding block ", b, ": ",
-                 got.status().message());
-  }
-  uint8_t* buf = *got;
   FERRY_RETURN_IF_ERROR(decode(buf, s.planes ? buf + s.raw_size : nullptr));
   if (verify && has_checksums()) {
     FERRY_RETURN_IF_ERROR(CompareSum(
@@ -260,11 +329,15 @@ Status BlockSource::DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64
 Status BlockSource::ReadRaw(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
                             const ReadPath& how) const {
   const uint64_t offset = at(i)->data_offset() + begin;
-  const uint8_t* src = mapping_->data() + offset;
+  if (how.direct == nullptr && mapping_ == nullptr) {
+    FERRY_RETURN_IF_ERROR(ReadStoredRange(i, offset, len, dst));
+    return how.verify ? VerifyRange(i, begin, len, dst) : Status::Ok();
+  }
+  const uint8_t* src = how.direct == nullptr ? mapping_->data() + offset : nullptr;
   if (how.direct != nullptr) {
     FERRY_ASSIGN_OR_RETURN(src, how.direct->ReadThrough(offset, len));
   }
-  bool read = mapping_->Guard([&] {
+  bool read = Guarded([&] {
     if (how.streaming) {
       StreamingCopy(dst, src, len);
     } else {
@@ -292,7 +365,7 @@ Status BlockSource::Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst,
   const uint64_t bs = t->block_size();
   for (uint64_t b = begin / bs; b * bs < end; ++b) {
     const StoredBlock s = Block(i, b);
-    const uint8_t* src = mapping_->data() + s.file_offset;
+    const uint8_t* src = mapping_ ? mapping_->data() + s.file_offset : nullptr;
     if (how.direct != nullptr) {
       FERRY_ASSIGN_OR_RETURN(src, how.direct->ReadThrough(s.file_offset, s.stored_size));
     }

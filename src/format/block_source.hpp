@@ -14,12 +14,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "ferry/ferry.hpp"
 #include "io/io.hpp"
+#include "io/source.hpp"
 
 namespace ferry {
 
@@ -27,6 +29,19 @@ namespace fb {
 struct Checkpoint;
 struct Tensor;
 }  // namespace fb
+
+// One tensor's index entry, read in place: `name` and `shape` point into the index and stay
+// valid as long as the BlockSource. Building one allocates nothing.
+struct TensorRecord {
+  std::string_view name;
+  std::span<const int64_t> shape;
+  DType dtype = DType::kU8;
+  Encoding encoding = Encoding::kRaw;
+  uint64_t nbytes = 0;
+  uint64_t data_offset = 0;  // absolute file offset of the stored bytes
+  uint64_t data_size = 0;    // stored bytes
+  uint64_t block_size = 0;   // raw bytes per block (0 for an empty tensor)
+};
 
 // A byte range of one stored tensor: the whole tensor, or rows of its dimension 0.
 struct Extent {
@@ -54,7 +69,8 @@ struct ReadPath {
   // Write raw bytes with non-temporal stores (DMA staging buffers the CPU does not read
   // again); such bytes are verified in the file instead of in `dst`.
   bool streaming = false;
-  // Read stored bytes with O_DIRECT through this file instead of the mapping (null: mapping).
+  // Read stored bytes with O_DIRECT through this file instead of the mapping or the source
+  // (null: the mapping where there is one, else ByteSource::ReadAt).
   const DirectFile* direct = nullptr;
 };
 
@@ -67,18 +83,21 @@ class BlockSource {
     std::shared_ptr<const void> memory;
     bool safetensors = false;  // no checksums; tensors at any byte offset
   };
-  BlockSource(std::string path, std::shared_ptr<const Mapping> mapping, Index index);
+  BlockSource(std::shared_ptr<const ByteSource> bytes, Index index);
 
   const std::string& path() const { return path_; }
-  const fb::Checkpoint* index() const { return index_.root; }
   bool safetensors() const { return index_.safetensors; }
   bool has_checksums() const { return !index_.safetensors; }
-  // The whole file, mapped read-only. Views and DMA from the page cache read it in place.
+  // Where the stored bytes come from.
+  const ByteSource& bytes() const { return *bytes_; }
+  // The whole file, mapped read-only, or null where the source is read without a mapping
+  // (network file systems, remote storage, mapping turned off). Views and DMA from the page
+  // cache need it; every read here works either way.
   const std::shared_ptr<const Mapping>& mapping() const { return mapping_; }
 
   // ---- tensors ----
   size_t size() const;
-  const fb::Tensor* at(size_t i) const;
+  TensorRecord Record(size_t i) const;
   // Index of `name`, or -1 (O(log n)).
   int64_t IndexOf(std::string_view name) const;
   // As IndexOf; NotFound names the file and the tensor.
@@ -107,34 +126,65 @@ class BlockSource {
   // needed. Blocks cut by the range are decoded into per-thread scratch (docs/SECURITY.md,
   // "Memory for decoding").
   Status Read(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
+  // Copies file bytes [offset, offset + len) of raw tensor i into dst as they are stored
+  // (from the source, never the mapping: one-shot loads avoid faulting in a mapping used once).
+  Status ReadStoredRange(size_t i, uint64_t offset, uint64_t len, uint8_t* dst) const;
+  // Copies block b's stored bytes (Block(i, b).stored_size of them) into dst, undecoded.
+  Status ReadStored(size_t i, uint64_t b, uint8_t* dst) const;
   // Checks every block of raw tensor i that overlaps raw bytes [begin, begin + len). Blocks
   // lying wholly inside the range are checked in `copy` (those bytes, at copy[0] = byte
   // `begin`), so what is handed out is what was verified; blocks cut by the range, or all of
-  // them when `copy` is null, are checked in the mapping.
+  // them when `copy` is null, are checked in the file.
   Status VerifyRange(size_t i, uint64_t begin, uint64_t len, const uint8_t* copy) const;
   // Checks stored block b of tensor i (decoding it if encoded).
   Status VerifyBlock(size_t i, uint64_t b) const;
   Status VerifyTensor(size_t i) const;
+
+  // The index itself, for the format layer (and tests): the generated types are incomplete
+  // everywhere else (tests/check_layers.py), so layers above read it through the accessors
+  // above.
+  const fb::Checkpoint* index() const { return index_.root; }
+  const fb::Tensor* at(size_t i) const;
 
  private:
   uint64_t BlockRawSize(size_t i, uint64_t b) const;
   Status CheckSum(size_t i, uint64_t b, const uint8_t* raw) const;
   // DataLoss unless `sum` is block b's recorded checksum.
   Status CompareSum(size_t i, uint64_t b, uint64_t sum) const;
-  // Decodes encoded block b, whose stored bytes are at `src`, and copies its raw bytes
-  // [lo, hi) (block-relative) to dst, verifying the whole block when asked. Needs at most one
-  // block of scratch (DecodeScratch; none for a whole unshuffled block), whatever the range;
-  // lo == hi with verify checks the block alone.
+  // Checks raw block b where it is stored (mapped, or read into scratch).
+  Status CheckStoredSum(size_t i, uint64_t b) const;
+  // Decodes encoded block b, whose stored bytes are at `src` (null: read from the source
+  // first), and copies its raw bytes [lo, hi) (block-relative) to dst, verifying the whole
+  // block when asked. Needs at most one block of scratch (DecodeScratch; none for a whole
+  // unshuffled block in memory), plus room for the stored bytes when it reads them itself,
+  // whatever the range; lo == hi with verify checks the block alone.
   Status DecodeRange(size_t i, uint64_t b, const uint8_t* src, uint64_t lo, uint64_t hi,
                      uint8_t* dst, bool verify) const;
   Status ReadRaw(size_t i, uint64_t begin, uint64_t len, uint8_t* dst, const ReadPath& how) const;
+  // Runs fn(), which may read the mapping, guarded against the file shrinking under it
+  // (Mapping::Guard); without a mapping there is nothing to fault, and fn() just runs.
+  template <typename Fn>
+  [[nodiscard]] bool Guarded(Fn&& fn) const {
+    if (mapping_ == nullptr) {
+      fn();
+      return true;
+    }
+    return mapping_->Guard(fn);
+  }
   // DataLoss for a read of tensor i at `file_offset` that faulted (Mapping::Guard).
   Status Shrank(size_t i, uint64_t file_offset) const;
+  // A failed read of the source, renamed to tensor i ("<path>: tensor 'x': ...").
+  Status ReadFailed(size_t i, const Status& st) const;
 
+  std::shared_ptr<const ByteSource> bytes_;
   std::string path_;
   std::shared_ptr<const Mapping> mapping_;
   Index index_;
 };
+
+// Opens a Reader over `bytes` (Reader::Open is this over OpenSource(path)).
+Result<std::shared_ptr<Reader>> OpenReader(std::shared_ptr<const ByteSource> bytes,
+                                           ReaderOptions options = {});
 
 // The stored data behind a Reader (defined in reader.cc, a friend of Reader).
 const BlockSource& BlocksOf(const Reader& reader);

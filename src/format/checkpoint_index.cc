@@ -4,9 +4,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "io/io.hpp"
 #include "base/strict_json.hpp"
 #include "base/util.hpp"
+#include "io/source.hpp"
 
 namespace ferry {
 
@@ -15,15 +15,19 @@ namespace {
 // An index lists names and file names only; even 1M tensors stay far below this.
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
 
+// Through the byte-source seam, like the shards it names: an index on a network file system
+// or behind a URL is read as they are. Read once, so never mapped.
 Result<std::string> ReadIndexText(const std::string& path) {
-  FERRY_ASSIGN_OR_RETURN(File file, File::OpenRead(path));
-  FERRY_ASSIGN_OR_RETURN(uint64_t size, file.Size());
+  SourceOptions options;
+  options.allow_mmap = false;
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ByteSource> bytes, OpenSource(path, options));
+  const uint64_t size = bytes->size();
   if (size > kMaxIndexBytes) {
     return Error(StatusCode::kDataLoss, path, ": checkpoint index of ", size,
                  " bytes exceeds the limit of ", kMaxIndexBytes);
   }
   std::string text(size, '\0');
-  FERRY_RETURN_IF_ERROR(file.PReadAll(text.data(), size, 0));
+  FERRY_RETURN_IF_ERROR(bytes->ReadAt(0, size, reinterpret_cast<uint8_t*>(text.data())));
   return text;
 }
 

@@ -7,13 +7,14 @@
 #include <thread>
 #include <vector>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
 #include "codec/codec.hpp"
+#include "codec/planes.hpp"
+#include "format/block_source.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
-#include "codec/planes.hpp"
 #include "format/safetensors.hpp"
-#include "base/util.hpp"
+#include "io/source.hpp"
 
 namespace ferry {
 
@@ -104,7 +105,14 @@ struct Validator {
     if (t->nbytes() != *expect) {
       return Fail(StrCat(where, ": nbytes ", t->nbytes(), " but shape and dtype give ", *expect));
     }
-    uint64_t nbytes = t->nbytes();
+    FERRY_RETURN_IF_ERROR(CheckExtent(t, where, data_end));
+    FERRY_ASSIGN_OR_RETURN(uint64_t nblocks, CheckBlocks(t, where));
+    FERRY_RETURN_IF_ERROR(CheckEncoding(t, where, nblocks));
+    return CheckGlobalSlice(t, where);
+  }
+
+  // The stored bytes lie inside the data section, after the magic, aligned as the rules say.
+  Status CheckExtent(const fb::Tensor* t, const TensorWhere& where, uint64_t data_end) const {
     uint64_t end;
     if (AddOverflows(t->data_offset(), t->data_size(), &end) || end > data_end) {
       return Fail(StrCat(where, ": data extent at offset ", t->data_offset(), " size ",
@@ -119,6 +127,13 @@ struct Validator {
                            "-byte aligned"));
       }
     }
+    return Status::Ok();
+  }
+
+  // Block size within limits and one checksum per block (none where the rules want none).
+  // Returns the number of blocks.
+  Result<uint64_t> CheckBlocks(const fb::Tensor* t, const TensorWhere& where) const {
+    const uint64_t nbytes = t->nbytes();
     uint64_t nblocks = 0;
     if (nbytes > 0) {
       uint64_t bs = t->block_size();
@@ -135,64 +150,76 @@ struct Validator {
     if (rules.checksums && nsums != nblocks) {
       return Fail(StrCat(where, ": ", nsums, " checksums for ", nblocks, " blocks"));
     }
+    return nblocks;
+  }
+
+  // A raw tensor stores its bytes as they are; an encoded one has one chunk per block.
+  Status CheckEncoding(const fb::Tensor* t, const TensorWhere& where, uint64_t nblocks) const {
     uint64_t nchunks = t->chunks() ? t->chunks()->size() : 0;
     switch (t->encoding()) {
       case fb::Encoding::RAW:
-        if (t->data_size() != nbytes) {
-          return Fail(StrCat(where, ": raw data size ", t->data_size(), " != nbytes ", nbytes));
+        if (t->data_size() != t->nbytes()) {
+          return Fail(
+              StrCat(where, ": raw data size ", t->data_size(), " != nbytes ", t->nbytes()));
         }
         if (nchunks != 0) return Fail(StrCat(where, ": raw tensor with a chunk table"));
-        break;
+        return Status::Ok();
       case fb::Encoding::ZSTD:
       case fb::Encoding::SHUFFLE_ZSTD:
       case fb::Encoding::PLANES: {
-        const bool planes_tensor = t->encoding() == fb::Encoding::PLANES;
         if (nchunks != nblocks) {
           return Fail(StrCat(where, ": ", nchunks, " chunks for ", nblocks, " blocks"));
         }
         uint64_t prev_end = 0;
         for (uint64_t c = 0; c < nchunks; ++c) {
-          const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(c));
-          uint64_t raw = std::min(t->block_size(), nbytes - c * t->block_size());
-          uint64_t cend;
-          if (ch->offset() < prev_end || AddOverflows(ch->offset(), ch->stored_size(), &cend) ||
-              cend > t->data_size()) {
-            return Fail(StrCat(where, ": chunk ", c, " at relative offset ", ch->offset(), " size ",
-                               ch->stored_size(),
-                               " overlaps its predecessor or runs past the tensor's ",
-                               t->data_size(), " stored bytes"));
-          }
-          prev_end = cend;
-          if (ch->codec() == fb::ChunkCodec::STORED) {
-            if (ch->stored_size() != raw) {
-              return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
-                                 " bytes for a ", raw, "-byte block"));
-            }
-          } else if (planes_tensor || ch->codec() == fb::ChunkCodec::PLANES) {
-            // PLANES chunks belong to PLANES tensors, which hold nothing else but STORED.
-            if (!planes_tensor || ch->codec() != fb::ChunkCodec::PLANES ||
-                ch->stored_size() < planes::kHeaderSize || ch->stored_size() > planes::Bound(raw)) {
-              return Fail(StrCat(where, ": chunk ", c, " (codec ", static_cast<int>(ch->codec()),
-                                 ", ", ch->stored_size(), " bytes) impossible in a ",
-                                 EncodingName(static_cast<Encoding>(t->encoding())), " tensor's ",
-                                 raw, "-byte block"));
-            }
-          } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
-            if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {
-              return Fail(StrCat(where, ": zstd chunk ", c, " size ", ch->stored_size(),
-                                 " impossible for a ", raw, "-byte block"));
-            }
-          } else {
-            return Fail(
-                StrCat(where, ": chunk ", c, " has unknown codec ", static_cast<int>(ch->codec())));
-          }
+          FERRY_RETURN_IF_ERROR(CheckChunk(t, where, c, &prev_end));
         }
-        break;
+        return Status::Ok();
       }
       default:
         return Fail(StrCat(where, ": unknown encoding ", static_cast<int>(t->encoding())));
     }
-    return CheckGlobalSlice(t, where);
+  }
+
+  // Chunk c of an encoded tensor: after its predecessor (which ended at *prev_end), inside
+  // the tensor's stored bytes, and of a size its codec can produce for its block.
+  Status CheckChunk(const fb::Tensor* t, const TensorWhere& where, uint64_t c,
+                    uint64_t* prev_end) const {
+    const bool planes_tensor = t->encoding() == fb::Encoding::PLANES;
+    const fb::Chunk* ch = t->chunks()->Get(static_cast<flatbuffers::uoffset_t>(c));
+    uint64_t raw = std::min(t->block_size(), t->nbytes() - c * t->block_size());
+    uint64_t cend;
+    if (ch->offset() < *prev_end || AddOverflows(ch->offset(), ch->stored_size(), &cend) ||
+        cend > t->data_size()) {
+      return Fail(StrCat(where, ": chunk ", c, " at relative offset ", ch->offset(), " size ",
+                         ch->stored_size(), " overlaps its predecessor or runs past the tensor's ",
+                         t->data_size(), " stored bytes"));
+    }
+    *prev_end = cend;
+    if (ch->codec() == fb::ChunkCodec::STORED) {
+      if (ch->stored_size() != raw) {
+        return Fail(StrCat(where, ": stored chunk ", c, " holds ", ch->stored_size(),
+                           " bytes for a ", raw, "-byte block"));
+      }
+    } else if (planes_tensor || ch->codec() == fb::ChunkCodec::PLANES) {
+      // PLANES chunks belong to PLANES tensors, which hold nothing else but STORED.
+      if (!planes_tensor || ch->codec() != fb::ChunkCodec::PLANES ||
+          ch->stored_size() < planes::kHeaderSize || ch->stored_size() > planes::Bound(raw)) {
+        return Fail(StrCat(where, ": chunk ", c, " (codec ", static_cast<int>(ch->codec()), ", ",
+                           ch->stored_size(), " bytes) impossible in a ",
+                           EncodingName(static_cast<Encoding>(t->encoding())), " tensor's ", raw,
+                           "-byte block"));
+      }
+    } else if (ch->codec() == fb::ChunkCodec::ZSTD) {
+      if (ch->stored_size() == 0 || ch->stored_size() > CompressBound(raw)) {
+        return Fail(StrCat(where, ": zstd chunk ", c, " size ", ch->stored_size(),
+                           " impossible for a ", raw, "-byte block"));
+      }
+    } else {
+      return Fail(
+          StrCat(where, ": chunk ", c, " has unknown codec ", static_cast<int>(ch->codec())));
+    }
+    return Status::Ok();
   }
 
   // Tensor-parallel slice fields: both or neither, one entry per dim, and the slice inside the
@@ -353,16 +380,22 @@ Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
 
 Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
                                    const std::string& path) {
+  const uint8_t* trailer =
+      file_size >= format::kTrailerSize ? file + file_size - format::kTrailerSize : nullptr;
+  return ParseTrailer(file, trailer, file_size, path);
+}
+
+Result<FooterLocation> ParseTrailer(const uint8_t* head, const uint8_t* trailer, uint64_t file_size,
+                                    const std::string& path) {
   const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
   if (file_size < min_size) {
     return Error(StatusCode::kDataLoss, path, ": file is ", file_size,
                  " bytes, too short for a TensorFerry checkpoint (at least ", min_size, ")");
   }
-  if (std::memcmp(file, format::kMagic, format::kMagicSize) != 0) {
+  if (std::memcmp(head, format::kMagic, format::kMagicSize) != 0) {
     return Error(StatusCode::kDataLoss, path,
                  ": not a TensorFerry checkpoint (bad magic at offset 0)");
   }
-  const uint8_t* trailer = file + file_size - format::kTrailerSize;
   uint64_t trailer_offset = file_size - format::kTrailerSize;
   if (std::memcmp(trailer + 16, format::kMagic, format::kMagicSize) != 0) {
     return Error(StatusCode::kDataLoss, path, ": bad trailer magic at offset ", trailer_offset + 16,
@@ -393,23 +426,29 @@ Result<FooterLocation> LocateFooter(const uint8_t* file, uint64_t file_size,
   return loc;
 }
 
-Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
-                                          const std::string& path, const FooterRules& rules) {
-  Validator v{path, data_end, rules};
-  if (size < 8 || size > format::kMaxFooterBytes) return v.Fail(StrCat("size ", size));
-  if (reinterpret_cast<uintptr_t>(footer) % 8 != 0) {
-    return Error(StatusCode::kInternal, path, ": footer buffer is not 8-byte aligned");
-  }
-  if (!fb::CheckpointBufferHasIdentifier(footer)) return v.Fail("missing identifier TFRY");
+namespace {
+
+// The verifier's limits for a footer of `size` bytes.
+flatbuffers::Verifier::Options VerifierOptions(uint64_t size) {
   flatbuffers::Verifier::Options opts;
   opts.max_depth = format::kMaxVerifierDepth;
   // Every table takes at least 8 bytes, so this bounds work by the footer's own size.
   opts.max_tables = static_cast<flatbuffers::uoffset_t>(size / 8 + 16);
   opts.check_alignment = true;
-  flatbuffers::Verifier verifier(footer, static_cast<size_t>(size), opts);
-  // The root is verified here except for the tensor tables, which are verified below in
-  // parallel slices (100,000 tensors take ~10 ms on one core). This mirrors the generated
-  // Checkpoint::Verify; keep the two in step when fields are added.
+  return opts;
+}
+
+// The root table, verified structurally except for the tensor tables (CheckTensorTables
+// verifies those in parallel slices: 100,000 tensors take ~10 ms on one core), then its
+// version, checksum algorithm and tensor count. This mirrors the generated
+// Checkpoint::Verify; keep the two in step when fields are added.
+Result<const fb::Checkpoint*> VerifyRoot(const Validator& v, const uint8_t* footer, uint64_t size) {
+  if (size < 8 || size > format::kMaxFooterBytes) return v.Fail(StrCat("size ", size));
+  if (reinterpret_cast<uintptr_t>(footer) % 8 != 0) {
+    return Error(StatusCode::kInternal, v.path, ": footer buffer is not 8-byte aligned");
+  }
+  if (!fb::CheckpointBufferHasIdentifier(footer)) return v.Fail("missing identifier TFRY");
+  flatbuffers::Verifier verifier(footer, static_cast<size_t>(size), VerifierOptions(size));
   const fb::Checkpoint* ck = fb::GetCheckpoint(footer);
   // Checkpoint derives privately from Table; the generated Verify calls these on itself.
   const auto* table = reinterpret_cast<const flatbuffers::Table*>(ck);
@@ -431,22 +470,55 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     return v.Fail("FlatBuffers verification failed");
   }
   if (ck->format_version() != kFormatVersion) {
-    return Error(StatusCode::kUnimplemented, path, ": format version ", ck->format_version(),
+    return Error(StatusCode::kUnimplemented, v.path, ": format version ", ck->format_version(),
                  " (this build reads version ", kFormatVersion, ")");
   }
   if (ck->checksum_algo() != fb::ChecksumAlgo::XXH3_64) {
     return v.Fail(StrCat("unknown checksum algorithm ", static_cast<int>(ck->checksum_algo())));
   }
-  auto* tensors = ck->tensors();
-  size_t n = Count(tensors);
+  const size_t n = Count(ck->tensors());
   if (n > format::kMaxTensors) {
     return v.Fail(StrCat(n, " tensors (limit ", format::kMaxTensors, ")"));
   }
+  return ck;
+}
 
-  // Slices of the tensor list, each on its own thread: every table verified structurally and
-  // then checked semantically while it is in cache, in one pass. A slice's first name is
-  // compared with its predecessor's (another slice's table) after the join, once every table
-  // is known to be well formed.
+// What the tensor tables hold, gathered while each is checked.
+struct TensorScan {
+  // Each tensor's extent, by index: the overlap check then walks this compact array in file
+  // order instead of chasing tables across the footer.
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  uint64_t nonempty = 0;  // tensors with stored bytes
+  bool monotonic = true;  // extents in index order never go backwards
+};
+
+// Runs fn(k) for k in [0, slices), each but the first on its own thread (on this one when no
+// thread can be had: slower, but the same).
+void RunSlices(size_t slices, const std::function<void(size_t)>& fn) {
+  if (slices == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  size_t k = 1;
+  try {
+    threads.reserve(slices);
+    for (; k < slices; ++k) threads.emplace_back(fn, k);
+  } catch (const std::system_error&) {
+    for (; k < slices; ++k) fn(k);
+  }
+  fn(0);
+  for (auto& t : threads) t.join();
+}
+
+// Every tensor table verified structurally and then checked semantically while it is in
+// cache, in one pass, in slices of the list on parallel threads. A slice's first name is
+// compared with its predecessor's (another slice's table) after the join, once every table
+// is known to be well formed.
+Result<TensorScan> CheckTensorTables(const Validator& v, const fb::Checkpoint* ck,
+                                     const uint8_t* footer, uint64_t size, uint64_t data_end) {
+  auto* tensors = ck->tensors();
+  const size_t n = Count(tensors);
   const size_t slices = std::clamp<size_t>(
       std::min<size_t>(n / 16384, std::max(1u, std::thread::hardware_concurrency())), 1, 8);
   struct SliceResult {
@@ -455,34 +527,11 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     bool monotonic = true;
   };
   std::vector<SliceResult> results(slices);
-  // Each tensor's extent, filled by index in phase two: the overlap check then walks this
-  // compact array in file order instead of chasing tables across the footer.
-  std::vector<std::pair<uint64_t, uint64_t>> ext(n);
+  TensorScan scan;
+  scan.extents.resize(n);
   auto slice_begin = [&](size_t k) { return n * k / slices; };
-  auto run_slices = [&](const std::function<void(size_t)>& fn) {
-    if (slices == 1) {
-      fn(0);
-      return;
-    }
-    std::vector<std::thread> threads;
-    size_t k = 1;
-    try {
-      threads.reserve(slices);
-      for (; k < slices; ++k) threads.emplace_back(fn, k);
-    } catch (const std::system_error&) {
-      // No thread to be had: the remaining slices run here, slower but the same.
-      for (; k < slices; ++k) fn(k);
-    }
-    fn(0);
-    for (auto& t : threads) t.join();
-  };
-  auto first_error = [&]() -> Status {
-    for (const SliceResult& r : results) {
-      if (!r.status.ok()) return r.status;
-    }
-    return Status::Ok();
-  };
-  run_slices([&](size_t k) {
+  const flatbuffers::Verifier::Options opts = VerifierOptions(size);
+  RunSlices(slices, [&](size_t k) {
     SliceResult& r = results[k];
     flatbuffers::Verifier tv(footer, static_cast<size_t>(size), opts);
     uint64_t last_end = 0;
@@ -498,14 +547,16 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       if (r.status.ok()) r.status = v.CheckTensor(t, i, data_end);
       if (!r.status.ok()) return;
       prev = name;
-      ext[i] = {t->data_offset(), t->data_offset() + t->data_size()};
+      scan.extents[i] = {t->data_offset(), t->data_offset() + t->data_size()};
       if (t->data_size() == 0) continue;
       ++r.nonempty;
       if (t->data_offset() < last_end) r.monotonic = false;
       last_end = t->data_offset() + t->data_size();
     }
   });
-  FERRY_RETURN_IF_ERROR(first_error());
+  for (const SliceResult& r : results) {
+    if (!r.status.ok()) return r.status;
+  }
   for (size_t k = 1; k < slices; ++k) {
     size_t i = slice_begin(k);
     if (i == 0 || i >= n) continue;
@@ -514,15 +565,22 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
     };
     FERRY_RETURN_IF_ERROR(v.CheckName(name_at(i), name_at(i - 1), false, "tensor", i));
   }
-  uint64_t nonempty = 0;
-  for (const SliceResult& r : results) nonempty += r.nonempty;
+  for (const SliceResult& r : results) {
+    scan.nonempty += r.nonempty;
+    scan.monotonic = scan.monotonic && r.monotonic;
+  }
+  return scan;
+}
 
-  // No two extents may overlap. data_order lists the non-empty tensors in file order, which
-  // makes this one linear pass; files without it (or with a wrong one) are sorted instead.
+// No two extents may overlap. data_order lists the non-empty tensors in file order, which
+// makes this one linear pass; files without it (or with a wrong one) are sorted instead.
+Status CheckDisjoint(const Validator& v, const fb::Checkpoint* ck, const TensorScan& scan) {
+  const auto& ext = scan.extents;
+  const size_t n = ext.size();
   auto* order = ck->data_order();
   if (order != nullptr && order->size() > 0) {
-    if (order->size() != nonempty) {
-      return v.Fail(StrCat("data_order has ", order->size(), " entries for ", nonempty,
+    if (order->size() != scan.nonempty) {
+      return v.Fail(StrCat("data_order has ", order->size(), " entries for ", scan.nonempty,
                            " tensors with data"));
     }
     uint64_t prev_end = 0;
@@ -537,37 +595,51 @@ Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, 
       }
       prev_end = ext[idx].second;
     }
-  } else {
-    bool monotonic = true;
-    for (const SliceResult& r : results) monotonic = monotonic && r.monotonic;
-    std::vector<std::pair<uint64_t, uint64_t>> extents;
-    extents.reserve(nonempty);
-    for (const auto& e : ext) {
-      if (e.first != e.second) extents.push_back(e);
-    }
-    // Slices were each in order; the whole list is in order only if slice ends line up too.
-    for (size_t i = 1; monotonic && i < extents.size(); ++i) {
-      if (extents[i].first < extents[i - 1].second) monotonic = false;
-    }
-    if (!monotonic) {
-      std::sort(extents.begin(), extents.end());
-      for (size_t i = 1; i < extents.size(); ++i) {
-        if (extents[i].first < extents[i - 1].second) {
-          return v.Fail(StrCat("tensor data extents overlap at offset ", extents[i].first));
-        }
+    return Status::Ok();
+  }
+  bool monotonic = scan.monotonic;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  extents.reserve(scan.nonempty);
+  for (const auto& e : ext) {
+    if (e.first != e.second) extents.push_back(e);
+  }
+  // Slices were each in order; the whole list is in order only if slice ends line up too.
+  for (size_t i = 1; monotonic && i < extents.size(); ++i) {
+    if (extents[i].first < extents[i - 1].second) monotonic = false;
+  }
+  if (!monotonic) {
+    std::sort(extents.begin(), extents.end());
+    for (size_t i = 1; i < extents.size(); ++i) {
+      if (extents[i].first < extents[i - 1].second) {
+        return v.Fail(StrCat("tensor data extents overlap at offset ", extents[i].first));
       }
     }
   }
-  std::string_view prev;
-  FERRY_RETURN_IF_ERROR(CheckQuantized(v, ck));
-  FERRY_RETURN_IF_ERROR(CheckScaling(v, ck));
+  return Status::Ok();
+}
+
+Status CheckMetadata(const Validator& v, const fb::Checkpoint* ck) {
   auto* md = ck->metadata();
-  prev = {};
+  std::string_view prev;
   for (size_t i = 0; i < Count(md); ++i) {
     std::string_view key = Sv(md->Get(static_cast<flatbuffers::uoffset_t>(i))->key());
     FERRY_RETURN_IF_ERROR(v.CheckName(key, prev, i == 0, "metadata key", i));
     prev = key;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<const fb::Checkpoint*> ParseFooter(const uint8_t* footer, uint64_t size, uint64_t data_end,
+                                          const std::string& path, const FooterRules& rules) {
+  Validator v{path, data_end, rules};
+  FERRY_ASSIGN_OR_RETURN(const fb::Checkpoint* ck, VerifyRoot(v, footer, size));
+  FERRY_ASSIGN_OR_RETURN(TensorScan scan, CheckTensorTables(v, ck, footer, size, data_end));
+  FERRY_RETURN_IF_ERROR(CheckDisjoint(v, ck, scan));
+  FERRY_RETURN_IF_ERROR(CheckQuantized(v, ck));
+  FERRY_RETURN_IF_ERROR(CheckScaling(v, ck));
+  FERRY_RETURN_IF_ERROR(CheckMetadata(v, ck));
   return ck;
 }
 
@@ -580,73 +652,113 @@ const BlockSource& BlocksOf(const Reader& reader) { return *reader.blocks_; }
 
 namespace {
 
+// Bytes read from each end of a file at open: the head tells the formats apart and often
+// holds a whole safetensors header; the tail holds the trailer and often the whole footer.
+constexpr uint64_t kEndBytes = uint64_t{64} << 10;
+
+// The first and last bytes of a file, read once each.
+struct FileEnds {
+  uint64_t size = 0;
+  std::vector<uint8_t> head;  // bytes [0, head.size())
+  std::vector<uint8_t> tail;  // bytes [size - tail.size(), size)
+  uint64_t tail_offset() const { return size - tail.size(); }
+};
+
+Result<FileEnds> ReadEnds(const ByteSource& bytes) {
+  FileEnds ends;
+  ends.size = bytes.size();
+  const uint64_t n = std::min(ends.size, kEndBytes);
+  ends.head.resize(n);
+  ends.tail.resize(n);
+  FERRY_RETURN_IF_ERROR(bytes.ReadAt(0, n, ends.head.data()));
+  FERRY_RETURN_IF_ERROR(bytes.ReadAt(ends.size - n, n, ends.tail.data()));
+  return ends;
+}
+
 // A safetensors file: an index synthesized from its JSON header, without checksums.
-Result<BlockSource::Index> SafetensorsHeaderIndex(const Mapping& m, const std::string& path) {
+Result<BlockSource::Index> SafetensorsHeaderIndex(const ByteSource& bytes, const FileEnds& ends) {
+  const std::string& path = bytes.name();
+  // ParseSafetensors reads the length, then the header it gives (or nothing more when the
+  // length is out of bounds): the head holds both unless the header is large.
+  const uint8_t* file = ends.head.data();
+  std::vector<uint8_t> header;
+  if (ends.size >= 8) {
+    const uint64_t n = LoadU64(file);
+    if (n <= kMaxSafetensorsHeaderBytes && n <= ends.size - 8 && 8 + n > ends.head.size()) {
+      header.resize(8 + n);
+      FERRY_RETURN_IF_ERROR(bytes.ReadAt(0, 8 + n, header.data()));
+      file = header.data();
+    }
+  }
   auto synthesized = std::make_shared<std::vector<uint64_t>>();
   FERRY_ASSIGN_OR_RETURN(uint64_t index_size,
-                         ParseSafetensors(m.data(), m.size(), path, synthesized.get()));
+                         ParseSafetensors(file, ends.size, path, synthesized.get()));
   FooterRules rules;
   rules.checksums = false;
   rules.alignment = 1;
   BlockSource::Index index;
   FERRY_ASSIGN_OR_RETURN(
       index.root, ParseFooter(reinterpret_cast<const uint8_t*>(synthesized->data()), index_size,
-                              m.size(), path, rules));
+                              ends.size, path, rules));
   index.memory = std::move(synthesized);
   index.safetensors = true;
   return index;
 }
 
-// Our own files: the footer located by the trailer, checked and parsed.
-Result<BlockSource::Index> FooterIndex(const Mapping& m, const std::string& path) {
-  const uint8_t* base = m.data();
-  const uint64_t size = m.size();
-  // The trailer and the footer copy read the mapping: guarded, so a file
-  // truncated while it is being opened is a DataLoss, not a SIGBUS.
-  auto shrank = [&] {
-    return Error(StatusCode::kDataLoss, path, ": the file shrank while it was being opened (", size,
-                 " bytes when mapped)");
-  };
-  std::optional<Result<FooterLocation>> located;
-  if (!m.Guard([&] { located.emplace(ReadTrailer(base, size, path)); })) return shrank();
-  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, std::move(*located));
+// Our own files: the footer located by the trailer, read, checked and parsed.
+Result<BlockSource::Index> FooterIndex(const ByteSource& bytes, const FileEnds& ends) {
+  const std::string& path = bytes.name();
+  const uint8_t* trailer = ends.tail.size() >= format::kTrailerSize
+                               ? ends.tail.data() + ends.tail.size() - format::kTrailerSize
+                               : nullptr;
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc,
+                         ParseTrailer(ends.head.data(), trailer, ends.size, path));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {
     return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,
                  " is not 8-byte aligned");
   }
-  // The index is copied out of the mapping: a file truncated or rewritten after open must not
-  // turn every later lookup into a SIGBUS. Data reads still go through the mapping (or O_DIRECT).
-  // Not value-initialised: zero-filling a large index first would double the cost of the copy.
+  // The index is a copy, not a view of the file: a file truncated or rewritten after open
+  // must not turn every later lookup into a SIGBUS. Not value-initialised: zero-filling a
+  // large index first would double the cost of the copy.
   std::shared_ptr<uint64_t[]> footer(new uint64_t[(loc.size + 7) / 8]);
-  uint64_t* copy = footer.get();
-  if (!m.Guard([&] { std::memcpy(copy, base + loc.offset, loc.size); })) return shrank();
-  // Checked on the copy: one pass over the mapping, and the bytes verified are the bytes
-  // parsed even if the file changes meanwhile.
-  FERRY_RETURN_IF_ERROR(CheckFooterSum(reinterpret_cast<const uint8_t*>(copy), loc, path));
+  auto* copy = reinterpret_cast<uint8_t*>(footer.get());
+  if (loc.offset >= ends.tail_offset()) {
+    std::memcpy(copy, ends.tail.data() + (loc.offset - ends.tail_offset()), loc.size);
+  } else {
+    FERRY_RETURN_IF_ERROR(bytes.ReadAt(loc.offset, loc.size, copy));
+  }
+  // Checked on the copy: the bytes verified are the bytes parsed even if the file changes
+  // meanwhile.
+  FERRY_RETURN_IF_ERROR(CheckFooterSum(copy, loc, path));
   BlockSource::Index index;
-  FERRY_ASSIGN_OR_RETURN(
-      index.root, ParseFooter(reinterpret_cast<const uint8_t*>(copy), loc.size, loc.offset, path));
+  FERRY_ASSIGN_OR_RETURN(index.root, ParseFooter(copy, loc.size, loc.offset, path));
   index.memory = std::move(footer);
   return index;
 }
 
 }  // namespace
 
-Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Mapping::Map(path));
-  const bool safetensors = LooksLikeSafetensors(mapping->data(), mapping->size());
+Result<std::shared_ptr<Reader>> OpenReader(std::shared_ptr<const ByteSource> bytes,
+                                           ReaderOptions options) {
+  FERRY_ASSIGN_OR_RETURN(FileEnds ends, ReadEnds(*bytes));
+  const bool safetensors = LooksLikeSafetensors(ends.head.data(), ends.size);
   FERRY_ASSIGN_OR_RETURN(BlockSource::Index index, safetensors
-                                                       ? SafetensorsHeaderIndex(*mapping, path)
-                                                       : FooterIndex(*mapping, path));
+                                                       ? SafetensorsHeaderIndex(*bytes, ends)
+                                                       : FooterIndex(*bytes, ends));
   std::shared_ptr<Reader> reader(
-      new Reader(std::make_unique<BlockSource>(path, std::move(mapping), std::move(index))));
+      new Reader(std::make_unique<BlockSource>(std::move(bytes), std::move(index))));
   if (options.verify_on_open && !safetensors) FERRY_RETURN_IF_ERROR(reader->VerifyAll());
   return reader;
 }
 
+Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ByteSource> bytes, OpenSource(path));
+  return OpenReader(std::move(bytes), options);
+}
+
 const std::string& Reader::path() const { return blocks_->path(); }
-uint64_t Reader::file_size() const { return blocks_->mapping()->size(); }
+uint64_t Reader::file_size() const { return blocks_->bytes().size(); }
 uint32_t Reader::format_version() const { return blocks_->index()->format_version(); }
 std::string Reader::producer() const { return std::string(Sv(blocks_->index()->producer())); }
 size_t Reader::num_tensors() const { return blocks_->size(); }
@@ -790,6 +902,12 @@ Result<HostView> Reader::View(std::string_view name, ReadOptions options) const 
     return Error(StatusCode::kUnimplemented, blocks_->Where(i), ": is stored ",
                  EncodingName(info.encoding),
                  "; a zero-copy view needs raw encoding (use ReadInto)");
+  }
+  if (blocks_->mapping() == nullptr) {
+    return Error(StatusCode::kUnimplemented, blocks_->Where(i),
+                 ": a zero-copy view needs a mapped file, and this one is read without a "
+                 "mapping (",
+                 blocks_->bytes().Describe(), "; use ReadInto)");
   }
   if (options.verify) FERRY_RETURN_IF_ERROR(blocks_->VerifyRange(i, 0, info.nbytes, nullptr));
   HostView view;

@@ -232,6 +232,11 @@ uint64_t AvailableMemory() {
 
 Result<std::shared_ptr<Mapping>> Mapping::Map(const std::string& path) {
   FERRY_ASSIGN_OR_RETURN(File file, File::OpenRead(path));
+  return Map(std::move(file));
+}
+
+Result<std::shared_ptr<Mapping>> Mapping::Map(File file) {
+  const std::string& path = file.path();
   FERRY_ASSIGN_OR_RETURN(uint64_t size, file.Size());
   std::shared_ptr<Mapping> m(new Mapping());
   m->path_ = path;

@@ -95,6 +95,8 @@ struct BusGuardFrame {
 class Mapping {
  public:
   static Result<std::shared_ptr<Mapping>> Map(const std::string& path);
+  // Maps a file already open for reading (File::OpenRead), and keeps it open.
+  static Result<std::shared_ptr<Mapping>> Map(File file);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;

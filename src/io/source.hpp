@@ -73,6 +73,19 @@ Result<std::shared_ptr<ByteSource>> OpenSource(const std::string& path_or_url,
 // True for names OpenSource reads over the network (http://, https://, s3://).
 bool IsRemoteName(const std::string& path_or_url);
 
+// A URL as messages may print it: without user information ("user:secret@"), query string
+// (presigned URLs carry their signature there) or fragment.
+std::string PrintableUrl(const std::string& url);
+
+// The file system an fstatfs(2) f_type names: whether its pages are reached over a network
+// (mapping them turns every page fault into a round trip that cannot be retried or
+// overlapped, and a server hiccup into SIGBUS), so local files there are read, never mapped.
+struct FileSystemKind {
+  const char* name = nullptr;  // "ext4", "nfs", ...; null for a magic number not listed
+  bool network = false;
+};
+FileSystemKind ClassifyFileSystem(uint64_t magic);
+
 }  // namespace ferry
 
 #endif  // FERRY_SRC_IO_SOURCE_HPP_

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "base/util.hpp"
-#include "ferry_generated.h"
 
 namespace ferry {
 
@@ -150,6 +149,9 @@ int ActiveWorkers(const LoadPlan& plan, int pool_size, bool one_shot) {
 }
 
 DirectFile OpenDirect(const BlockSource& source, const LoadPlan& plan, IoMode io) {
+  // Without a mapping there is no residency to sample, and the source may not be a local
+  // file at all: its own reads are the only path.
+  if (source.mapping() == nullptr) return DirectFile();
   if (io == IoMode::kDirect || (io == IoMode::kAuto && WantDirect(source, plan))) {
     return DirectFile::Open(source.path());
   }
@@ -176,8 +178,9 @@ std::vector<Piece> MakePieces(const LoadPlan& plan, uint64_t max_piece, bool who
 }
 
 bool DevicePlanesPiece(const BlockSource& source, size_t i, uint64_t begin, uint64_t len) {
-  if (len == 0 || source.at(i)->encoding() != fb::Encoding::PLANES) return false;
-  const uint64_t bs = source.at(i)->block_size();
+  const TensorRecord t = source.Record(i);
+  if (len == 0 || t.encoding != Encoding::kPlanes) return false;
+  const uint64_t bs = t.block_size;
   if (begin % bs != 0) return false;
   const StoredBlock s = source.Block(i, begin / bs);
   return s.planes && s.raw_size == len;
@@ -213,7 +216,7 @@ DevicePlan PlanDevice(const LoadPlan& plan, const DeviceRoute& route) {
   const uint64_t cap = route.slot_bytes + kSlotSlack;
   for (uint32_t i = out.planes_first; i < out.staged.size(); ++i) {
     Piece& p = out.staged[i];
-    const uint64_t bs = route.planes_source->at(plan.res[p.r].tensor)->block_size();
+    const uint64_t bs = route.planes_source->Record(plan.res[p.r].tensor).block_size;
     const uint64_t need =
         AlignUp(route.planes_source->Block(plan.res[p.r].tensor, p.begin / bs).stored_size, 256);
     if (i == out.planes_first || used + need > cap) {

@@ -14,17 +14,16 @@
 #include <memory>
 #include <mutex>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
+#include "base/worker_pool.hpp"
+#include "codec/planes.hpp"
 #include "cuda/cuda_util.hpp"
-#include "ferry_generated.h"
+#include "cuda/staging_ring.hpp"
+#include "format/block_source.hpp"
 #include "load/handover.hpp"
 #include "load/load_memory.hpp"
 #include "load/load_plan.hpp"
-#include "codec/planes.hpp"
 #include "load/planes_stage.hpp"
-#include "cuda/staging_ring.hpp"
-#include "base/util.hpp"
-#include "base/worker_pool.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda.h>
@@ -49,23 +48,15 @@ void CountPieces(const std::vector<Piece>& pieces, std::vector<uint32_t>* count)
   for (const Piece& p : pieces) ++(*count)[p.r];
 }
 
-#ifdef FERRY_HAVE_CUDA
-// Reads file bytes [offset, offset + len) of tensor i with pread: a one-shot load reads
-// resident data this way instead of through a mapping it would fault in page by page.
-Status PReadRange(const BlockSource& source, size_t i, int fd, uint8_t* dst, uint64_t offset,
-                  uint64_t len) {
-  uint64_t done = 0;
-  if (int err = PReadLoop(fd, dst, len, offset, &done); err != 0) {
-    return Error(StatusCode::kIoError, source.Where(i), ": read at file offset ", offset + done,
-                 " failed ", ErrnoText(err));
+// Workers for a load from `source`: ActiveWorkers, and at least as many as the source wants
+// reads in flight when it is read without a mapping.
+int LoadWorkers(const BlockSource& source, const LoadPlan& plan, int pool_size, bool one_shot) {
+  int active = ActiveWorkers(plan, pool_size, one_shot);
+  if (source.mapping() == nullptr) {
+    active = std::min(pool_size, std::max(active, source.bytes().preferred_parallel_reads()));
   }
-  if (done < len) {
-    return Error(StatusCode::kDataLoss, source.Where(i), ": the file ends at offset ",
-                 offset + done, " inside the tensor (truncated after it was opened?)");
-  }
-  return Status::Ok();
+  return active;
 }
-#endif
 
 #ifdef FERRY_HAVE_CUDA
 
@@ -79,7 +70,7 @@ struct DeviceJob {
   cudaStream_t stream;
   bool verify;
   bool streaming;
-  int pread_fd;        // a one-shot load: resident raw pieces are read with pread (else -1)
+  bool pread;          // raw pieces are read from the source (one-shot, or no mapping)
   Handover* handover;  // streaming loads: told of every piece enqueued (else null)
   FirstError error;
   std::atomic<uint64_t> next_group{0}, next_batch{0}, copies{0};
@@ -129,7 +120,7 @@ class MappedWindow {
 // The DMA of one group of raw pieces straight from the mapping. The DMA reads the page cache
 // itself, so the blocks are checked there.
 Status CopyGroup(DeviceJob& job, const Group& g) {
-  const uint8_t* base = job.source.mapping()->data();
+  const uint8_t* base = job.source.mapping()->data();  // groups exist only when mapped
   for (uint32_t i = g.first; i < g.last; ++i) {
     const Piece& p = job.pieces.mapped[i];
     const Resolved& rr = job.plan.res[p.r];
@@ -146,6 +137,7 @@ Status CopyGroup(DeviceJob& job, const Group& g) {
 
 // A worker's first phase: groups of mapped pieces, taken in turn, until none is left.
 Status CopyMapped(DeviceJob& job, cudaEvent_t window_event) {
+  if (job.pieces.groups.empty()) return Status::Ok();
   MappedWindow window(job.source.path(), window_event);
   auto* base = const_cast<uint8_t*>(job.source.mapping()->data());
   Status st;
@@ -183,9 +175,9 @@ Status FillSlot(DeviceJob& job, const Batch& b, uint8_t* slot) {
   for (uint32_t i = b.first; i < b.last; ++i) {
     const Piece& p = pieces[i];
     const Resolved& rr = job.plan.res[p.r];
-    if (job.pread_fd >= 0 && rr.info.encoding == Encoding::kRaw) {
-      FERRY_RETURN_IF_ERROR(PReadRange(job.source, rr.tensor, job.pread_fd, slot + p.soff,
-                                       rr.info.data_offset + p.begin, p.len));
+    if (job.pread && rr.info.encoding == Encoding::kRaw) {
+      FERRY_RETURN_IF_ERROR(job.source.ReadStoredRange(rr.tensor, rr.info.data_offset + p.begin,
+                                                       p.len, slot + p.soff));
       if (job.verify) {
         FERRY_RETURN_IF_ERROR(job.source.VerifyRange(rr.tensor, p.begin, p.len, slot + p.soff));
       }
@@ -231,7 +223,8 @@ Status CopySlot(DeviceJob& job, const Batch& b, const uint8_t* slot) {
 
 #ifdef FERRY_HAVE_CUDA_KERNELS
 // A batch of whole PLANES blocks: their stored bytes are copied into the slot (from the
-// mapping: hot or cold, the page cache serves them), their headers and tables checked here,
+// mapping, hot or cold, where there is one; else read from the source), their headers and
+// tables checked here,
 // then sent to the slot's device twin and expanded into their destinations on the stream.
 Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
   const std::vector<Piece>& pieces = job.pieces.staged;
@@ -242,15 +235,10 @@ Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
   for (uint32_t i = b.first; i < b.last; ++i) {
     const Piece& p = pieces[i];
     const Resolved& rr = job.plan.res[p.r];
-    const uint64_t blk = p.begin / source.at(rr.tensor)->block_size();
+    const uint64_t blk = p.begin / source.Record(rr.tensor).block_size;
     const StoredBlock s = source.Block(rr.tensor, blk);
     uint8_t* dst = slot + p.soff;
-    const uint8_t* from = source.mapping()->data() + s.file_offset;
-    if (!source.mapping()->Guard([&] { std::memcpy(dst, from, s.stored_size); })) {
-      return Error(StatusCode::kDataLoss, source.Where(rr.tensor),
-                   ": the file shrank after it was opened; the read at file offset ", s.file_offset,
-                   " faulted");
-    }
+    FERRY_RETURN_IF_ERROR(source.ReadStored(rr.tensor, blk, dst));
     PlanesStaged staged;
     Status st = planes::Parse(dst, s.stored_size, s.raw_size, &staged.layout);
     if (!st.ok()) {
@@ -281,7 +269,7 @@ Status PlanesErrors(PlanesStage& stage, const BlockSource& source, const LoadPla
     if (errors[i] == 0) continue;
     const Piece& p = pieces.staged[pieces.planes_first + i];
     const size_t t = plan.res[p.r].tensor;
-    const uint64_t blk = p.begin / source.at(t)->block_size();
+    const uint64_t blk = p.begin / source.Record(t).block_size;
     return Error(StatusCode::kDataLoss, source.Where(t), ": block ", blk, " at file offset ",
                  source.Block(t, blk).file_offset, ": ", planes::DeviceErrorText(errors[i]),
                  " (decoded on the GPU)");
@@ -415,13 +403,15 @@ class Loader::Impl {
   // How raw pieces reach the device, and the registration that takes.
   Result<DeviceRoute> Route(const BlockSource& source, bool cold) {
     DeviceRoute route;
+    route.slot_bytes = options.slot_bytes;
+    route.window_bytes = options.register_window_bytes;
+    // Without a mapping every piece goes through the ring, read from the source.
+    if (source.mapping() == nullptr) return route;
     route.cold = cold;
     route.windows = !cold && options.host_path == HostPath::kRegisterWindows;
     route.from_mapping =
         !cold && (options.host_path == HostPath::kRegister || route.windows ||
                   (options.host_path == HostPath::kAuto && registered == source.mapping()));
-    route.slot_bytes = options.slot_bytes;
-    route.window_bytes = options.register_window_bytes;
     if (route.from_mapping && !route.windows) {
       FERRY_RETURN_IF_ERROR(RegisterMapping(source.mapping()));
     }
@@ -498,11 +488,12 @@ class Loader::Impl {
 #endif
     // One-shot load: the first from this mapping. Its resident raw bytes are read with pread
     // (no page faults on a mapping used once) by more workers; repeated loads of one file
-    // copy from the mapping they have already faulted in.
-    const bool one_shot = loaded_mapping.lock() != source.mapping();
+    // copy from the mapping they have already faulted in. A source without a mapping is
+    // always read.
+    const bool mapped = source.mapping() != nullptr;
+    const bool one_shot = !mapped || loaded_mapping.lock() != source.mapping();
     loaded_mapping = source.mapping();
-    const int pread_fd =
-        one_shot && !route.cold && !route.from_mapping ? source.mapping()->fd() : -1;
+    const bool pread = !mapped || (one_shot && !route.cold && !route.from_mapping);
     // Streaming: declared after `out`, so it is finished (its thread joined) before `out` goes.
     std::unique_ptr<Handover> handover;
     if (on_ready != nullptr) {
@@ -512,11 +503,11 @@ class Loader::Impl {
       handover = std::make_unique<Handover>(*on_ready, when, out, true, stream, current);
       FERRY_RETURN_IF_ERROR(handover->Start(std::move(count)));
     }
-    DeviceJob job{source,   plan,          pieces,         route,
-                  direct,   cstream,       options.verify, options.streaming_stores,
-                  pread_fd, handover.get()};
+    DeviceJob job{source, plan,          pieces,         route,
+                  direct, cstream,       options.verify, options.streaming_stores,
+                  pread,  handover.get()};
     const int active =
-        explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size(), one_shot);
+        explicit_threads ? pool->size() : LoadWorkers(source, plan, pool->size(), one_shot);
 #ifdef FERRY_HAVE_CUDA_KERNELS
     if (nplanes > 0) {
       job.planes = &planes_stage;
@@ -539,7 +530,7 @@ class Loader::Impl {
     stats.pinned_bytes = ring->pinned_bytes();
     stats.used_register = route.from_mapping;
     stats.used_direct_io = route.cold;
-    stats.used_pread = pread_fd >= 0;
+    stats.used_pread = pread;
     stats.seconds = SecondsSince(t0);
     return out;
   }
@@ -568,7 +559,8 @@ class Loader::Impl {
     how.direct = direct.is_open() ? &direct : nullptr;
     FirstError error;
     std::atomic<uint64_t> next{0};
-    const int active = explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size());
+    const int active =
+        explicit_threads ? pool->size() : LoadWorkers(source, plan, pool->size(), false);
     pool->Run([&](int worker) {
       if (worker >= active) return;
       for (;;) {

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "cuda/cuda_util.hpp"
 #include "base/util.hpp"
+#include "cuda/cuda_util.hpp"
 
 namespace ferry {
 
@@ -18,6 +18,8 @@ void PlanesStage::Release() {
   if (copy_ != nullptr) cudaStreamSynchronize(copy_);
   for (cudaEvent_t e : copied_) cudaEventDestroy(e);
   copied_.clear();
+  if (fetched_ != nullptr) cudaEventDestroy(fetched_);
+  fetched_ = nullptr;
   if (copy_ != nullptr) cudaStreamDestroy(copy_);
   copy_ = nullptr;
   if (slots_ != nullptr) cudaFree(slots_);
@@ -48,6 +50,7 @@ Status PlanesStage::Prepare(CUcontext ctx, size_t nslots, size_t slot_bytes,
   for (cudaEvent_t& e : copied_) {
     FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), where);
   }
+  FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&fetched_, cudaEventDisableTiming), where);
   return Status::Ok();
 }
 
@@ -102,7 +105,10 @@ Status PlanesStage::FetchErrors(cudaStream_t stream, std::vector<uint32_t>* out,
   FERRY_CUDA_RETURN(
       cudaMemcpyAsync(host_errors_, errors_, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
       where);
-  FERRY_CUDA_RETURN(cudaStreamSynchronize(stream), where);
+  // Waits for this copy (and so for the decodes before it on `stream`), not for the stream:
+  // work other threads enqueue on it meanwhile is not ours to wait for.
+  FERRY_CUDA_RETURN(cudaEventRecord(fetched_, stream), where);
+  FERRY_CUDA_RETURN(cudaEventSynchronize(fetched_), where);
   std::copy(host_errors_, host_errors_ + n, out->begin());
   return Status::Ok();
 }

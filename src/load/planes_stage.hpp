@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "ferry/status.hpp"
 #include "codec/planes_cuda.hpp"
+#include "ferry/status.hpp"
 
 namespace ferry {
 
@@ -50,7 +50,8 @@ class PlanesStage {
                  const std::string& where);
 
   // Per-load device error array of n entries (zeroed on `stream`), and its host copy, filled
-  // by FetchErrors once `stream` has passed the decodes.
+  // by FetchErrors, which waits (on an event of its own) until `stream` has passed the
+  // decodes.
   Status StartLoad(size_t n, cudaStream_t stream, const std::string& where);
   uint32_t* device_errors() const { return errors_; }
   Status FetchErrors(cudaStream_t stream, std::vector<uint32_t>* out, const std::string& where);
@@ -61,6 +62,7 @@ class PlanesStage {
   size_t nslots_ = 0, slot_bytes_ = 0;
   cudaStream_t copy_ = nullptr;
   std::vector<cudaEvent_t> copied_;
+  cudaEvent_t fetched_ = nullptr;  // recorded after the copy of a load's errors
   uint32_t* errors_ = nullptr;
   uint32_t* host_errors_ = nullptr;
   size_t errors_cap_ = 0;
