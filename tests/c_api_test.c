@@ -653,6 +653,88 @@ static void test_streaming_host(const char* path) {
   ferry_reader_free(r);
 }
 
+/* ferry_convert writes the format its destination's extension names and refuses any other
+ * name (a TensorFerry file called model.pt would mislead torch.load); ferry_convert_to names the
+ * format. Neither replaces something that is not a regular file. */
+static void test_convert(const char* path) {
+  char dst[600];
+  ferry_error_t err;
+  ferry_reader_t* r = NULL;
+  const char* refused[] = {"model.pt", "pytorch_model.bin", "model.safetensor", "model"};
+  size_t i;
+
+  for (i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+    path_of(dst, sizeof(dst), refused[i]);
+    CHECK(ferry_convert(path, dst, NULL, &err) == FERRY_INVALID_ARGUMENT);
+    CHECK(contains(err.message, refused[i]));
+    CHECK(contains(err.message, "cannot tell which format to write"));
+    CHECK(contains(err.message, "ferry_convert_to"));
+    CHECK(!file_exists(dst));
+  }
+  path_of(dst, sizeof(dst), "model.pt");
+  CHECK(ferry_convert_to(path, dst, "safetensors", NULL, &err) == FERRY_UNIMPLEMENTED);
+  CHECK(ferry_convert_to(path, dst, "pickle", NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "unknown output format 'pickle'"));
+  CHECK_OK(ferry_convert_to(path, dst, "ferry", NULL, &err));
+  CHECK_OK(ferry_reader_open(dst, NULL, &r, &err));
+  CHECK(ferry_reader_num_tensors(r) == 5);
+  ferry_reader_free(r);
+  remove(dst);
+  path_of(dst, sizeof(dst), "converted.ferry");
+  CHECK_OK(ferry_convert(path, dst, NULL, &err));
+  remove(dst);
+  path_of(dst, sizeof(dst), "converted.safetensors");
+  CHECK(ferry_convert_to(path, dst, "ferry", NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "the name says safetensors"));
+  /* The scratch directory itself as the destination. */
+  CHECK(ferry_convert_to(path, g_dir, "ferry", NULL, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(contains(err.message, "is a directory, not a regular file"));
+}
+
+/* The whole file as one private copy-on-write mapping: every raw tensor at its data_offset,
+ * writable, and a write reaches neither the file nor a later view. */
+static void test_view_file(const char* path) {
+  ferry_reader_t* r = NULL;
+  ferry_error_t err;
+  ferry_tensor_info_t info;
+  DLManagedTensorVersioned* file = NULL;
+  DLManagedTensorVersioned* again = NULL;
+  uint8_t* bytes;
+
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  if (r == NULL) return;
+  CHECK(ferry_reader_view_file(NULL, &file, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK_OK(ferry_reader_view_file(r, &file, &err));
+  if (file == NULL) {
+    ferry_reader_free(r);
+    return;
+  }
+  CHECK(file->dl_tensor.ndim == 1);
+  CHECK((uint64_t)file->dl_tensor.shape[0] == ferry_reader_file_size(r));
+  CHECK(file->dl_tensor.device.device_type == kDLCPU);
+  CHECK(file->dl_tensor.dtype.code == kDLUInt && file->dl_tensor.dtype.bits == 8);
+  CHECK((file->flags & DLPACK_FLAG_BITMASK_READ_ONLY) == 0);
+  bytes = (uint8_t*)file->dl_tensor.data;
+  CHECK(memcmp(bytes, "TFERRY01", 8) == 0);
+  info.struct_size = sizeof(info);
+  CHECK_OK(ferry_reader_find_tensor(r, "matrix", &info, &err));
+  CHECK(memcmp(bytes + info.data_offset, g_matrix, sizeof(g_matrix)) == 0);
+  bytes[info.data_offset] ^= 0xFF;
+  ferry_reader_free(r); /* the view outlives its reader */
+  CHECK(bytes[0] == 'T');
+  r = NULL;
+  CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
+  CHECK_OK(ferry_reader_view_file(r, &again, &err));
+  if (again != NULL) {
+    CHECK(memcmp((uint8_t*)again->dl_tensor.data + info.data_offset, g_matrix,
+                 sizeof(g_matrix)) == 0);
+    ferry_dlpack_free(again);
+  }
+  CHECK_OK(ferry_reader_verify(r, NULL, &err));
+  ferry_dlpack_free(file);
+  ferry_reader_free(r);
+}
+
 static void test_errors(const char* path) {
   char missing[600], corrupt[600];
   ferry_reader_t* r = NULL;
@@ -1206,6 +1288,8 @@ int main(int argc, char** argv) {
     test_tensor_table(path);
     test_streaming_host(path);
     test_errors(path);
+    test_convert(path);
+    test_view_file(path);
     test_sharded(path);
     test_dist_plan(path);
   }

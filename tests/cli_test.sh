@@ -239,6 +239,88 @@ run bench-keep 0 "$FERRY" bench --generate 2MiB --repeat 1 --dir "$WORK" --keep 
   --threads 2 --slot-mib 1 --staging-mib 8 --path staging && has "kept" &&
   has "into preallocated buffers"
 run bench-file 0 "$FERRY" bench "$ST" --repeat 1 && has "22 tensors" && has "ceiling"
+# Compressed files whose stored bytes are much smaller than their raw bytes (16 MiB of zeros
+# compress to a few KiB): the host ceiling reads each stored block where it lies, never raw-sized
+# ranges from there, which ran off the mapping.
+n=$((16 << 20))
+hdr="{\"z\":{\"dtype\":\"U8\",\"shape\":[$n],\"data_offsets\":[0,$n]}}"
+{ le64 ${#hdr}; printf '%s' "$hdr"; head -c "$n" /dev/zero; } >"$WORK/zeros.safetensors"
+for enc in zstd shuffle+zstd shuffle_zstd planes; do
+  run "convert-zeros-$enc" 0 "$FERRY" convert "$WORK/zeros.safetensors" "$WORK/zeros.ferry" \
+    --encoding "$enc" && has "TensorFerry, ${enc/_/+}"
+  run "bench-compressed-$enc" 0 "$FERRY" bench "$WORK/zeros.ferry" --repeat 1 &&
+    has "ceiling" && has "ratio"
+  has "decode of the same blocks by the codec alone"
+done
+run bench-encoding-spelling 0 "$FERRY" bench --generate 2MiB --repeat 1 --dir "$WORK" \
+  --encoding shuffle_zstd && has "ceiling"
+run bench-bad-encoding 2 "$FERRY" bench --generate 2MiB --encoding lz4 &&
+  has "raw, zstd, shuffle+zstd (or shuffle_zstd), planes"
+
+# Ctrl-C while --generate writes: the writer's temporary file and the folder bench made go too.
+bench_interrupt() {  # SIGNAL EXPECTED_RC
+  check "bench-interrupt-$1"
+  mkdir -p "$WORK/gen"
+  set -m
+  "$FERRY" bench --generate 2GiB --encoding zstd --dir "$WORK/gen" >"$OUT" 2>&1 &
+  local pid=$!
+  set +m
+  for _ in $(seq 200); do
+    ls "$WORK"/gen/ferry-bench-*/bench.ferry.tmp.* >/dev/null 2>&1 && break
+    sleep 0.05
+  done
+  ls "$WORK"/gen/ferry-bench-*/bench.ferry.tmp.* >/dev/null 2>&1 || fail "no temporary file appeared"
+  kill -s "$1" "$pid"
+  wait "$pid"
+  local rc=$?
+  [ "$rc" -eq "$2" ] || fail "exit code $rc, expected $2"
+  has "generation interrupted by $1"
+  [ -z "$(ls -A "$WORK/gen")" ] || fail "left behind: $(ls -R "$WORK/gen")"
+  rm -rf "$WORK/gen"
+}
+bench_interrupt SIGINT 130
+bench_interrupt SIGTERM 143
+
+# ---- the output format: --to or a known extension, nothing by default ----------------------------
+for name in out.pt pytorch_model.bin model.safetensor model; do
+  run "convert-refuses-$name" 2 "$FERRY" convert "$ST" "$WORK/$name" &&
+    has "cannot tell which format to write" && has "--to ferry|safetensors"
+  check "convert-refused-$name-wrote-nothing"
+  [ ! -e "$WORK/$name" ] || fail "$WORK/$name was written"
+done
+run convert-to-ferry 0 "$FERRY" convert "$ST" "$WORK/out.pt" --to ferry && has "TensorFerry, raw"
+run convert-to-ferry-inspect 0 "$FERRY" inspect "$WORK/out.pt" && has "TensorFerry v1"
+run convert-to-safetensors 0 "$FERRY" convert "$WORK/out.pt" "$WORK/out.st" --to safetensors
+run convert-to-safetensors-inspect 0 "$FERRY" inspect "$WORK/out.st" && has "format     safetensors"
+run convert-to-contradicts 2 "$FERRY" convert "$ST" "$WORK/c.safetensors" --to ferry &&
+  has "the name says safetensors"
+run convert-to-unknown 2 "$FERRY" convert "$ST" "$WORK/c.ferry" --to pickle
+
+# ---- destinations that are not regular files are refused, and left as they were ------------------
+mkfifo "$WORK/fifo"
+mkdir "$WORK/folder"
+ln -s /dev/null "$WORK/null"
+for dest in fifo folder null; do
+  for out in ferry safetensors; do
+    run "convert-refuses-$dest-$out" 1 "$FERRY" convert "$ST" "$WORK/$dest" --to "$out" &&
+      has "not a regular file"
+  done
+done
+check special-files-kept
+[ -p "$WORK/fifo" ] || fail "the FIFO was replaced"
+[ -c /dev/null ] || fail "/dev/null was replaced"
+[ -z "$(ls -A "$WORK/folder")" ] || fail "something was written into the folder"
+if ls "$WORK"/*.tmp.* /dev/null.tmp.* >/dev/null 2>&1; then fail "a temporary file was left"; fi
+
+# ---- --json of a good file whose path is not UTF-8 ----------------------------------------------
+BADNAME="$WORK/$(printf 'caf\xe9')"
+cp "$ST" "$BADNAME.safetensors"
+cp "$WORK/r1.ferry" "$BADNAME.ferry"
+for f in "$BADNAME.safetensors" "$BADNAME.ferry"; do
+  run "verify-json-non-utf8-path-${f##*.}" 0 "$FERRY" verify --json "$f" && has '"ok": true' &&
+    has '"path": "' && hasnt "JSON" && hasnt "Internal"
+  run "inspect-json-non-utf8-path-${f##*.}" 0 "$FERRY" inspect --json "$f" && has '"tensors"'
+done
 # An encoded file: its loads beside the codec's own decode rate on the same blocks (the host
 # ceiling once read raw-sized ranges of the stored bytes, past the end of the mapping).
 run bench-encoded 0 "$FERRY" bench --generate 8MiB --encoding shuffle+zstd --repeat 1 \
@@ -267,14 +349,18 @@ while [ $((${#hdr} % 8)) -ne 0 ]; do hdr="$hdr "; done
 } >"$BIG"
 SLOW=(convert "$BIG" --encoding zstd --level 12 --threads 1)
 
-# Progress on a 40-column terminal (a pseudo-terminal from script(1)): every redraw fits in 39
-# columns, so none wraps onto a new line.
+# Progress on a 36-column terminal (a pseudo-terminal from script(1)): every redraw fits in 35
+# columns, so none wraps onto a new line, and what does not fit is left out by whole fields:
+# no number is cut short.
 check progress-fits-the-terminal
-script -qfec "stty cols 40 rows 24; $(printf '%q ' "$FERRY" "${SLOW[@]}" "$WORK/tty.ferry")" \
+script -qfec "stty cols 36 rows 24; $(printf '%q ' "$FERRY" "${SLOW[@]}" "$WORK/tty.ferry")" \
   "$WORK/tty.log" >/dev/null 2>&1 || fail "convert under a terminal failed"
 tr '\r' '\n' <"$WORK/tty.log" | grep -a $'^\033\[Kconverting' | sed $'s/^\033\[K//' >"$OUT"
 [ -s "$OUT" ] || fail "no progress line was drawn"
-awk 'length($0) > 39 { bad = 1 } END { exit bad }' "$OUT" || fail "a progress line is wider than 39"
+awk 'length($0) > 35 { bad = 1 } END { exit bad }' "$OUT" || fail "a progress line is wider than 35"
+size='[0-9]+(\.[0-9]+)? (B|[KMGTP]iB)'
+whole="^converting( \[[#.]+\])?( +[0-9]+%( $size / $size(  [0-9.]+ GB/s(  ETA [0-9]+ s)?)?)?)?\$"
+grep -Evq "$whole" "$OUT" && fail "a progress line holds a cut field: $(grep -Ev "$whole" "$OUT" | head -1)"
 
 # Ctrl-C and SIGTERM during convert: exit 128+signal, no temporary file left, and a file that
 # was at OUT before is untouched.

@@ -3,7 +3,9 @@
 // decode scratch bounds, and what replacing a checkpoint does to its mode and to a symbolic
 // link at the destination.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +19,7 @@
 #include "ferry/ferry.hpp"
 #include "io/io.hpp"
 #include "format/safetensors.hpp"
+#include "ferry/sharded.hpp"
 #include "base/strict_json.hpp"
 #include "test_util.hpp"
 #include "base/util.hpp"
@@ -349,6 +352,76 @@ TEST(Replace, WritesThroughASymbolicLinkAndKeepsTheLink) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_TRUE(Contains(st.message(), "symbolic link"));
   EXPECT_TRUE(std::filesystem::is_symlink(dangling));
+}
+
+// Every writer (TensorFerry, safetensors, the sharded index) refuses a destination that is
+// there and is not a regular file, before writing anything, and leaves it as it was: renaming
+// a new file over a FIFO or a device node would delete it (as root, /dev/null itself).
+TEST(Replace, RefusesWhatIsNotARegularFile) {
+  TempDir dir;
+  std::string fifo = dir.File("fifo.ferry"), folder = dir.File("folder.ferry");
+  std::string sock = dir.File("sock.ferry"), null_link = dir.File("null.ferry");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::filesystem::create_directory(folder);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
+  ::close(fd);
+  ASSERT_EQ(::symlink("/dev/null", null_link.c_str()), 0);
+  ASSERT_TRUE(WriteOne(dir.File("shard.ferry"), 1).ok());
+
+  struct Case {
+    std::string path, what;
+  };
+  for (const Case& c :
+       {Case{fifo, "is a FIFO"}, Case{folder, "is a directory"}, Case{sock, "is a socket"},
+        Case{null_link, "leads to /dev/null, which is a character device"}}) {
+    SCOPED_TRACE(c.path);
+    Status st = WriteOne(c.path, 2);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_EQ(st.message(), c.path + ": " + c.what +
+                                ", not a regular file; a checkpoint replaces only a regular "
+                                "file: write to a file path");
+    auto w = SafetensorsWriter::Create(c.path, {{"a", DType::kU8, {1}}}, {});
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().message(), st.message());
+    Status index = WriteShardIndex(c.path, {"shard.ferry"}, {});
+    EXPECT_EQ(index.message(), st.message());
+  }
+  struct stat st;
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::lstat(sock.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_TRUE(std::filesystem::is_directory(folder));
+  EXPECT_TRUE(std::filesystem::is_empty(folder));
+  EXPECT_TRUE(std::filesystem::is_symlink(null_link));
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  // Nothing else was created: the five entries made above.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 5);
+}
+
+// A destination that turns into something else while the writer runs is refused at commit.
+TEST(Replace, RefusesADestinationThatChangedBeforeTheCommit) {
+  TempDir dir;
+  std::string path = dir.File("late.ferry");
+  auto w = Writer::Create(path);
+  ASSERT_TRUE(w.ok());
+  uint8_t v = 1;
+  ASSERT_TRUE(w->AddTensor("a", DType::kU8, {1}, &v, 1).ok());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  Status st = w->Commit();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_TRUE(Contains(st.message(), "is a FIFO, not a regular file")) << st.ToString();
+  struct stat s;
+  ASSERT_EQ(::lstat(path.c_str(), &s), 0);
+  EXPECT_TRUE(S_ISFIFO(s.st_mode));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
 }
 
 }  // namespace

@@ -277,20 +277,22 @@ TEST(SaveTest, DroppedHandleStillCommits) {
 
 TEST(SaveTest, FailedAsyncCommitKeepsThePreviousFile) {
   TempDir dir;
-  // The final name is a non-empty directory: the rename fails after all the data was written.
+  // The final name becomes a non-empty directory while the save runs: the commit fails after
+  // all the data was written (a directory there at the start is refused by Create).
   const std::string path = dir.File("taken");
-  fs::create_directory(path);
-  std::ofstream(path + "/keep") << "x";
   auto pool = StagingPool::Create(1 << 20);
   ASSERT_TRUE(pool.ok());
   auto w = Writer::Create(path, Options(2, *pool));
   ASSERT_TRUE(w.ok());
   auto bytes = RandomBytes(10000, 3);
   ASSERT_TRUE(w->AddTensor("t", DType::kU8, {10000}, bytes.data(), bytes.size()).ok());
+  fs::create_directory(path);
+  std::ofstream(path + "/keep") << "x";
   auto h = w->CommitAsync();
   ASSERT_TRUE(h.ok());
   Status st = h->Wait();
-  EXPECT_EQ(st.code(), StatusCode::kIoError) << st.ToString();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("is a directory, not a regular file"), std::string::npos);
   EXPECT_NE(st.message().find(path), std::string::npos) << st.message();
   EXPECT_EQ(DirEntries(dir.path()), std::set<std::string>{"taken"});
   EXPECT_TRUE(fs::exists(path + "/keep"));

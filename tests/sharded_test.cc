@@ -441,6 +441,73 @@ TEST(ShardedSaveTest, AFailedShardKeepsThePreviousCheckpointOnEveryRank) {
   EXPECT_TRUE(std::filesystem::exists(dir.File("mine.bin")));
 }
 
+// Whatever the timing, no rank returns from a save while the replaced checkpoint's shards are
+// still there: rank 0 is held inside its last all-reduce until rank 1 has returned from the
+// save and looked at the folder (had rank 0 deleted only after that all-reduce, rank 1 would
+// find them every time).
+TEST(ShardedSaveTest, NoRankReturnsBeforeTheReplacedShardsAreGone) {
+  TempDir dir;
+  const std::string index = dir.File("model.ferry.index.json");
+  for (const Status& st : SaveGeneration(index, 2, 1, false)) ASSERT_TRUE(st.ok());
+  ASSERT_EQ(Files(dir.path()).size(), 3u);
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    testing::ThreadGroup group(2);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool looked = false;
+    std::set<std::string> seen;
+    int calls = 0;
+    SaveGroup rank0 = group.Rank(0);
+    auto reduce = rank0.all_reduce_max;
+    // Begin agrees twice and the commit twice: the fourth call is the last.
+    rank0.all_reduce_max = [&](uint64_t* words, size_t count) {
+      Status st = reduce(words, count);
+      if (++calls == 4) {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return looked; });
+      }
+      return st;
+    };
+    std::vector<Status> results(2);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        ShardedSaveOptions o;
+        o.writer.durable = false;
+        auto save = ShardedSave::Begin(index, rank == 0 ? rank0 : group.Rank(1), o);
+        if (!save.ok()) {
+          results[rank] = save.status();
+        } else {
+          uint8_t byte = static_cast<uint8_t>(rank);
+          EXPECT_TRUE((*save)
+                          ->writer()
+                          .AddTensor("t" + std::to_string(rank), DType::kU8, {1}, &byte, 1)
+                          .ok());
+          if (async) {
+            results[rank] = (*save)->CommitAsync();
+            Status st = (*save)->Finish();
+            if (results[rank].ok()) results[rank] = st;
+          } else {
+            results[rank] = (*save)->Commit();
+          }
+        }
+        if (rank == 1) {
+          std::lock_guard<std::mutex> lock(mu);
+          seen = Files(dir.path());
+          looked = true;
+          cv.notify_all();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(results[0].ok()) << results[0].ToString();
+    ASSERT_TRUE(results[1].ok()) << results[1].ToString();
+    EXPECT_EQ(seen, Files(dir.path()));
+    EXPECT_EQ(seen.size(), 3u);  // the index and this save's two shards
+  }
+}
+
 TEST(ShardedSaveTest, BeginChecksTheGroup) {
   TempDir dir;
   SaveGroup g;

@@ -360,10 +360,20 @@ FERRY_API int ferry_writer_wait_snapshot(ferry_writer_t* writer, ferry_error_t* 
  * or a TensorFerry checkpoint. PyTorch inputs are read without running their pickles: only
  * tensors, plain values and TransformerEngine extra state are imported, anything else is
  * refused with an error naming it. `dst` ending in ".safetensors" writes safetensors (PyTorch
- * inputs without FP8 scaling state only); anything else a TensorFerry checkpoint written with
- * `options` (NULL: defaults). Thread-safe (touches no shared state). */
+ * inputs without FP8 scaling state only), ".ferry" a TensorFerry checkpoint written with
+ * `options` (NULL: defaults); any other name is FERRY_INVALID_ARGUMENT, before anything is read
+ * or written (a TensorFerry file named model.pt or model.safetensor would mislead its readers):
+ * name the format with ferry_convert_to. So is a `dst` that exists and is not a regular file
+ * (a directory, FIFO, device node or socket, or a link to one). Thread-safe (touches no shared
+ * state). */
 FERRY_API int ferry_convert(const char* src, const char* dst, const ferry_writer_options_t* options,
                             ferry_error_t* error);
+/* As ferry_convert, with the output format named: `format` "ferry" (or "tensorferry") or
+ * "safetensors", whatever `dst` is called; NULL or "" chooses by the extension, as
+ * ferry_convert does. A format that contradicts the extension (format "ferry", dst
+ * "x.safetensors") is FERRY_INVALID_ARGUMENT. */
+FERRY_API int ferry_convert_to(const char* src, const char* dst, const char* format,
+                               const ferry_writer_options_t* options, ferry_error_t* error);
 /* Sets a string metadata entry (a later value for the same key replaces the earlier one). */
 FERRY_API int ferry_writer_set_metadata(ferry_writer_t* writer, const char* key, const char* value,
                                         ferry_error_t* error);
@@ -604,6 +614,15 @@ FERRY_API int ferry_reader_find_scaling_state(const ferry_reader_t* reader, cons
  * ferry_reader_read_into. */
 FERRY_API int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t flags,
                                 DLManagedTensorVersioned** out, ferry_error_t* error);
+/* Zero-copy view of the whole file (kDLCPU, U8, 1-D of the file's size): one private
+ * copy-on-write mapping, as ferry_reader_view makes for one tensor, for a binding that hands
+ * out every raw tensor of a load at once (each at its data_offset in the tensor table) with one
+ * mapping instead of one per tensor (a process may hold only so many mappings). Writes stay in
+ * this process and in this view. No checksum is verified: call ferry_reader_verify first where
+ * wanted. The tensor keeps the mapping alive until its deleter runs, also after
+ * ferry_reader_free. FERRY_UNIMPLEMENTED for a reader whose file is not mapped. */
+FERRY_API int ferry_reader_view_file(const ferry_reader_t* reader, DLManagedTensorVersioned** out,
+                                     ferry_error_t* error);
 /* Copies (decoding as needed) the whole tensor into host memory `dst` of `dst_size` bytes
  * (at least the tensor's nbytes). */
 FERRY_API int ferry_reader_read_into(const ferry_reader_t* reader, const char* name, void* dst,

@@ -346,6 +346,34 @@ int ferry_reader_view(const ferry_reader_t* reader, const char* name, uint32_t f
   });
 }
 
+int ferry_reader_view_file(const ferry_reader_t* reader, DLManagedTensorVersioned** out,
+                           ferry_error_t* error) {
+  return Guard(error, [&, fn = __func__] {
+    FERRY_C_REQUIRE(reader);
+    FERRY_C_REQUIRE(out);
+    // Private, as in ferry_reader_view: consumers may write whatever the read-only flag says.
+    const auto& mapping = ferry::BlocksOf(*reader->reader).mapping();
+    if (!mapping) {
+      return Fail(error, FERRY_UNIMPLEMENTED,
+                  ferry::StrCat(reader->reader->path(), ": not a mapped local file"));
+    }
+    const ferry::Mapping& file = *mapping;
+    auto mapped = ferry::PrivateRegion::Map(file, 0, file.size());
+    if (!mapped.ok()) return Report(mapped.status(), error);
+    ferry::TensorInfo info;
+    info.name = reader->reader->path();
+    info.dtype = ferry::DType::kU8;
+    info.shape = {static_cast<int64_t>(file.size())};
+    info.nbytes = file.size();
+    DLDevice dev;
+    dev.device_type = kDLCPU;
+    dev.device_id = 0;
+    void* data = (*mapped)->data();
+    *out = MakeManaged(info, data, dev, 0, std::move(*mapped));
+    return FERRY_OK;
+  });
+}
+
 int ferry_reader_read_into(const ferry_reader_t* reader, const char* name, void* dst,
                            uint64_t dst_size, uint32_t flags, ferry_error_t* error) {
   return Guard(error, [&, fn = __func__] {

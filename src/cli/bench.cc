@@ -142,14 +142,24 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
   const uint8_t* pat = reinterpret_cast<const uint8_t*>(pattern.data());
   const uint64_t pat_bytes = pattern.size() * 2;
 
+  // Ctrl-C stops the generation through the writer (CatchInterrupts), whose error path
+  // removes its temporary file, which no signal handler could name.
+  auto interrupted = [&]() -> Status {
+    int sig = InterruptSignal();
+    if (sig == 0) return Status::Ok();
+    return Error(StatusCode::kIoError, path, ": generation interrupted by ",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM");
+  };
   WriterOptions wo;
   wo.durable = false;  // a scratch file
+  wo.progress = [&](uint64_t) { return interrupted(); };
   FERRY_ASSIGN_OR_RETURN(Writer writer, Writer::Create(path, wo));
   Progress progress("generating", total);
   uint64_t shift = 0;
   for (const T& t : tensors) {
     uint64_t start = (shift += 4098) % (pat_bytes / 2);
     FillFn fill = [&](uint64_t offset, void* dst, size_t size) {
+      FERRY_RETURN_IF_ERROR(interrupted());
       auto* out = static_cast<uint8_t*>(dst);
       for (size_t done = 0; done < size;) {
         uint64_t at = (start + offset + done) % pat_bytes & ~uint64_t{1};
@@ -425,22 +435,34 @@ int RunBench(const BenchOptions& options) {
       return Fail(Error(StatusCode::kIoError, templ, ": mkdtemp failed ", ErrnoText(errno)));
     }
     path = templ + "/bench.ferry";
-    if (!options.keep) {
-      std::snprintf(g_cleanup_dir, sizeof(g_cleanup_dir), "%s", templ.c_str());
-      std::snprintf(g_cleanup_file, sizeof(g_cleanup_file), "%s", path.c_str());
-      std::atexit(RemoveGenerated);
-      std::signal(SIGINT, OnSignal);
-      std::signal(SIGTERM, OnSignal);
-    }
+    // Until the file is complete, a signal is recorded and stops the writer (which removes
+    // its temporary file); the folder goes at exit. Afterwards the file and the folder are
+    // all there is to remove, and a signal removes them at once (unless --keep).
+    std::snprintf(g_cleanup_dir, sizeof(g_cleanup_dir), "%s", templ.c_str());
+    std::atexit(RemoveGenerated);
+    CatchInterrupts();
     Layout layout;
     size_t count = 0;
     double t0 = Now();
-    const Encoding encoding = options.encoding == "planes"         ? Encoding::kPlanes
-                              : options.encoding == "zstd"         ? Encoding::kZstd
-                              : options.encoding == "shuffle+zstd" ? Encoding::kShuffleZstd
-                                                                   : Encoding::kRaw;
+    const Encoding encoding = ParseEncoding(options.encoding).value_or(Encoding::kRaw);
     Status st = Generate(path, *size, encoding, &layout, &count);
-    if (!st.ok()) return Fail(st);
+    if (!st.ok()) {
+      Fail(st);
+      ::unlink(path.c_str());  // a commit that failed after its rename
+      return InterruptSignal() != 0 ? 128 + InterruptSignal() : kExitFailure;
+    }
+    if (options.keep) {
+      g_cleanup_dir[0] = '\0';
+    } else {
+      std::snprintf(g_cleanup_file, sizeof(g_cleanup_file), "%s", path.c_str());
+      std::signal(SIGINT, OnSignal);
+      std::signal(SIGTERM, OnSignal);
+    }
+    if (InterruptSignal() != 0) {  // arrived after the last block was written
+      std::fprintf(stderr, "ferry: bench interrupted by %s\n",
+                   InterruptSignal() == SIGINT ? "SIGINT" : "SIGTERM");
+      return 128 + InterruptSignal();
+    }
     generated_desc =
         StrCat(", generated in ", static_cast<int>((Now() - t0) * 1000), " ms: ", count,
                " bf16 tensors, llama-like: hidden ", layout.hidden, ", ffn ", layout.ffn, ", kv ",

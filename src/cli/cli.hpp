@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,7 @@ struct VerifyOptions {
 
 struct ConvertOptions {
   std::string in, out;
+  std::string to;  // "ferry" or "safetensors"; empty: by OUT's extension (ChooseOutputFormat)
   std::string encoding = "raw";
   int level = WriterOptions().zstd_level;  // the library default (1)
   std::string block_size = "4MiB";
@@ -76,6 +78,12 @@ void CatchInterrupts();
 // The signal that asked the job to stop, or 0.
 int InterruptSignal();
 
+// An encoding by name: EncodingName's spelling ("raw", "zstd", "shuffle+zstd", "planes", the
+// one `ferry` prints) or the Python keyword's ("shuffle_zstd"); nullopt when unknown.
+std::optional<Encoding> ParseEncoding(std::string_view name);
+// The accepted names, for --help and messages.
+inline constexpr const char* kEncodingNames = "raw, zstd, shuffle+zstd (or shuffle_zstd), planes";
+
 // Prints "ferry: <code>: <message>" to stderr and returns kExitFailure.
 int Fail(const Status& status);
 
@@ -83,6 +91,13 @@ int Fail(const Status& status);
 // some terminals obey as escape sequences) and bytes that are not UTF-8 become
 // \xNN; valid UTF-8 text stays as it is. Everything `ferry` prints from a file goes through it.
 std::string Printable(std::string_view text);
+
+// Prints a JSON document and a newline on stdout: every `--json` output goes through here.
+// ASCII only (control characters and every non-ASCII code point, C1 controls among them, are
+// \u escapes, so nothing from a file reaches a terminal raw), and bytes that are not UTF-8 (a
+// name, a metadata value, the path itself) are replaced (U+FFFD) instead of failing the dump:
+// a good file is never reported as bad because of what it or its path is called.
+void PrintJson(const nlohmann::ordered_json& document);
 
 // "1.50 GiB", "512 B".
 std::string HumanBytes(uint64_t bytes);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "cli.hpp"
 
@@ -44,6 +45,21 @@ void CatchInterrupts() {
 }
 
 int InterruptSignal() { return static_cast<int>(g_interrupt); }
+
+std::optional<Encoding> ParseEncoding(std::string_view name) {
+  for (Encoding e : {Encoding::kRaw, Encoding::kZstd, Encoding::kShuffleZstd, Encoding::kPlanes}) {
+    if (name == EncodingName(e)) return e;
+  }
+  if (name == "shuffle_zstd") return Encoding::kShuffleZstd;
+  return std::nullopt;
+}
+
+void PrintJson(const nlohmann::ordered_json& document) {
+  std::string text = document.dump(2, ' ', /*ensure_ascii=*/true,
+                                   nlohmann::ordered_json::error_handler_t::replace);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
 
 int Fail(const Status& status) {
   // Messages quote names already; this catches anything else from a file (parser excerpts).
@@ -210,21 +226,29 @@ void Progress::Render(uint64_t done, std::chrono::steady_clock::time_point now) 
   if (tty_) {
     double rate = secs > 0 ? done / secs : 0;
     double eta = rate > 0 ? (static_cast<double>(total_) - done) / rate : 0;
-    char tail[160];
-    std::snprintf(tail, sizeof(tail), " %3d%% %s / %s  %s  ETA %.0f s",
-                  static_cast<int>(frac * 100), HumanBytes(done).c_str(),
-                  HumanBytes(total_).c_str(), Rate(done, secs).c_str(), eta);
+    char percent[16], eta_text[48];
+    std::snprintf(percent, sizeof(percent), " %3d%%", static_cast<int>(frac * 100));
+    std::snprintf(eta_text, sizeof(eta_text), "  ETA %.0f s", eta);
     // One column short of the width: writing the last column makes some terminals wrap.
     const size_t room = TerminalColumns() - 1;
+    // Whole fields only, the most telling first; one that does not fit is left out with all
+    // after it, so a narrow terminal shows fewer numbers, never a number cut short.
+    std::string tail;
+    for (const std::string& field :
+         {std::string(percent), " " + HumanBytes(done) + " / " + HumanBytes(total_),
+          "  " + Rate(done, secs), std::string(eta_text)}) {
+      if (label_.size() + tail.size() + field.size() > room) break;
+      tail += field;
+    }
     std::string line = label_;
-    const size_t fixed = line.size() + 3 + std::strlen(tail);  // " [" and "]"
+    const size_t fixed = line.size() + 3 + tail.size();  // " [" and "]"
     if (fixed + 10 <= room) {
       size_t width = std::min<size_t>(30, room - fixed);
       size_t filled = static_cast<size_t>(frac * width);
       line += " [" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
     }
     line += tail;
-    if (line.size() > room) line.resize(room);
+    if (line.size() > room) line.resize(room);  // only the label, on a very narrow terminal
     std::fprintf(stderr, "\r\033[K%s", line.c_str());
   } else {
     std::fprintf(stderr, "%s: %d%% (%s of %s, %.0f s)\n", label_.c_str(),

@@ -280,26 +280,29 @@ uint64_t FileSize(const std::string& path) {
 
 }  // namespace
 
-int RunConvert(const ConvertOptions& options) {
-  const bool to_safetensors = EndsWith(options.out, ".safetensors");
+int RunConvert(const ConvertOptions& given) {
+  auto format = ChooseOutputFormat(given.out, given.to);
+  if (!format.ok()) {
+    std::fprintf(stderr, "ferry convert: %s\n", Printable(format.status().message()).c_str());
+    return kExitUsage;
+  }
+  const bool to_safetensors = *format == OutputFormat::kSafetensors;
+  // The format decided once, for every path below (torch inputs included).
+  ConvertOptions options = given;
+  options.to = to_safetensors ? "safetensors" : "ferry";
   WriterOptions wo;
-  if (options.encoding == "raw") {
-    wo.encoding = Encoding::kRaw;
-  } else if (options.encoding == "zstd") {
-    wo.encoding = Encoding::kZstd;
-  } else if (options.encoding == "shuffle+zstd" || options.encoding == "shuffle_zstd") {
-    wo.encoding = Encoding::kShuffleZstd;
-  } else if (options.encoding == "planes") {
-    wo.encoding = Encoding::kPlanes;
+  if (auto encoding = ParseEncoding(options.encoding)) {
+    wo.encoding = *encoding;
   } else {
-    std::fprintf(stderr, "ferry convert: unknown --encoding %s\n", options.encoding.c_str());
+    std::fprintf(stderr, "ferry convert: unknown --encoding %s; give one of %s\n",
+                 Printable(options.encoding).c_str(), kEncodingNames);
     return kExitUsage;
   }
   if (to_safetensors && wo.encoding != Encoding::kRaw) {
     std::fprintf(stderr,
                  "ferry convert: %s: safetensors stores raw bytes only; --encoding %s needs a "
                  "TensorFerry output\n",
-                 options.out.c_str(), options.encoding.c_str());
+                 Printable(options.out).c_str(), EncodingName(wo.encoding));
     return kExitUsage;
   }
   auto block = ParseSize(options.block_size);

@@ -101,12 +101,7 @@ int RunInspect(const InspectOptions& options) {
     Json jm = Json::object();
     for (const auto& [k, v] : metadata) jm[k] = v;
     j["metadata"] = std::move(jm);
-    // Names and metadata may hold bytes that are not UTF-8; replace rather than fail. ASCII
-    // only: every control character and every non-ASCII code point (C1 controls among them)
-    // is a \u escape, so nothing from the file reaches a terminal raw.
-    std::string text = j.dump(2, ' ', true, Json::error_handler_t::replace);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fputc('\n', stdout);
+    PrintJson(j);
     return kExitOk;
   }
 

@@ -34,18 +34,31 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1024));
   verify_cmd->add_flag("--json", verify.json, "machine-readable report on stdout");
 
+  // One list of encoding names for every subcommand (ParseEncoding).
+  const auto encoding_check = CLI::Validator(
+      [](std::string& name) {
+        return ParseEncoding(name) ? std::string() : "give one of " + std::string(kEncodingNames);
+      },
+      "ENCODING", "encoding");
+
   ConvertOptions convert;
   CLI::App* convert_cmd = app.add_subcommand(
       "convert",
-      "Convert between formats, chosen by OUT's extension: .safetensors writes safetensors, "
-      "anything else a TensorFerry checkpoint. IN may be a model.safetensors.index.json: all "
-      "its shards go into one file.");
+      "Convert between formats, chosen by --to or by OUT's extension: .ferry writes a "
+      "TensorFerry checkpoint, .safetensors a safetensors file (any other name needs --to). "
+      "IN may be a model.safetensors.index.json: all its shards go into one file.");
   convert_cmd->add_option("IN", convert.in, "checkpoint, .safetensors, or sharded index .json")
       ->required();
   convert_cmd->add_option("OUT", convert.out, "output file (replaced atomically)")->required();
-  convert_cmd->add_option("--encoding", convert.encoding, "TensorFerry output encoding")
+  convert_cmd
+      ->add_option("--to", convert.to,
+                   "output format, for an OUT named other than *.ferry or *.safetensors")
+      ->check(CLI::IsMember({"ferry", "tensorferry", "safetensors"}));
+  convert_cmd
+      ->add_option("--encoding", convert.encoding,
+                   std::string("TensorFerry output encoding: ") + kEncodingNames)
       ->capture_default_str()
-      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "shuffle_zstd", "planes"}));
+      ->check(encoding_check);
   convert_cmd->add_option("--level", convert.level, "zstd level")
       ->capture_default_str()
       ->check(CLI::Range(-7, 22));
@@ -93,9 +106,11 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--device", bench.device,
                         "CUDA device to make current first (default: the current one)");
   bench_cmd->add_flag("--verify", bench.verify, "check checksums while loading");
-  bench_cmd->add_option("--encoding", bench.encoding, "encoding of the --generate checkpoint")
+  bench_cmd
+      ->add_option("--encoding", bench.encoding,
+                   std::string("encoding of the --generate checkpoint: ") + kEncodingNames)
       ->capture_default_str()
-      ->check(CLI::IsMember({"raw", "zstd", "shuffle+zstd", "planes"}));
+      ->check(encoding_check);
   bench_cmd->add_flag("--prealloc", bench.prealloc,
                       "load into destination buffers allocated once, outside the timed runs "
                       "(default: the loader allocates, as most callers let it)");

@@ -143,9 +143,8 @@ int RunConvertTorch(const ConvertOptions& options, const WriterOptions& wo) {
   torch_import::ImportWriteOptions o;
   o.writer = wo;
   // safetensors output keeps the scaling state in its metadata, as for ferry -> safetensors.
-  const std::string& out = options.out;
-  const bool to_safetensors =
-      out.size() >= 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
+  o.to = options.to;  // decided by RunConvert
+  const bool to_safetensors = options.to == "safetensors";
   if (to_safetensors && !ck.scaling().empty()) {
     Json scaling = Json::array();
     for (const ScalingState& s : ck.scaling()) scaling.push_back(ScalingJson(s));

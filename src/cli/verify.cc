@@ -41,7 +41,7 @@ int RunVerify(const VerifyOptions& options) {
                                   {"bytes", raw_total},
                                   {"ok", true},
                                   {"failures", nlohmann::ordered_json::array()}};
-      std::printf("%s\n", j.dump(2).c_str());
+      PrintJson(j);
     } else {
       std::printf(
           "%s: safetensors file, header valid (%zu tensors, %s, no overlaps, all within the "
@@ -122,7 +122,7 @@ int RunVerify(const VerifyOptions& options) {
                                 {"blocks", items.size()}, {"bytes", raw_total},
                                 {"seconds", secs},        {"ok", failures.empty()},
                                 {"failures", jf}};
-    std::printf("%s\n", j.dump(2, ' ', true, nlohmann::json::error_handler_t::replace).c_str());
+    PrintJson(j);
   } else {
     for (const Failure& f : failures) std::printf("FAILED %s\n", Printable(f.message).c_str());
     if (failures.empty()) {

@@ -182,17 +182,21 @@ Status WriteShardIndex(const std::string& index_path, const std::vector<std::str
   char suffix[24];
   std::snprintf(suffix, sizeof(suffix), "%016llx",
                 static_cast<unsigned long long>((uint64_t{rd()} << 32) ^ rd()));
-  std::string tmp = StrCat(index_path, ".tmp.", ::getpid(), ".", suffix);
+  // The same destination rules as every checkpoint writer (ReplaceTarget): through a link,
+  // never over a directory, FIFO or device.
+  FERRY_ASSIGN_OR_RETURN(std::string dest, ReplaceTarget(index_path));
+  std::string tmp = StrCat(dest, ".tmp.", ::getpid(), ".", suffix);
   FERRY_ASSIGN_OR_RETURN(File file, File::CreateExclusive(tmp));
   Status st = file.WriteAll(text.data(), text.size());
   if (st.ok()) st = file.Sync();
+  if (st.ok()) st = KeepPermissions(file, dest);
   if (st.ok()) st = file.Close();
-  if (st.ok()) st = RenameFile(tmp, index_path);
+  if (st.ok()) st = RenameFile(tmp, dest);
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
   }
-  return SyncParentDir(index_path);
+  return SyncParentDir(dest);
 }
 
 // ---- ShardedSave --------------------------------------------------------------------------
@@ -287,6 +291,17 @@ class ShardedSave::Impl {
     if (group.rank == 0 && any_failed.ok() && *any_failed == 0) {
       if (options.remove_replaced) replaced = IndexedFiles(index_path);
       index_st = WriteShardIndex(index_path, ShardNames(), options.metadata);
+      // The replaced checkpoint's shards go now, before the last agreement, not after it:
+      // every rank then returns from the save only once they are gone, so a rank that looks
+      // at the folder (or starts the next save) right away never finds them, whatever the
+      // timing. The index already names the new shards, so a crash here loses nothing.
+      if (index_st.ok()) {
+        const std::vector<std::string> names = ShardNames();
+        const std::set<std::string> keep(names.begin(), names.end());
+        for (const std::string& f : replaced) {
+          if (!keep.count(f) && IsSaveShard(stem, f)) ::unlink((dir + "/" + f).c_str());
+        }
+      }
     }
     auto index_failed = Agree(index_st.ok() ? 0 : 1);
     if (st.ok()) {
@@ -303,13 +318,6 @@ class ShardedSave::Impl {
       // The index names the previous checkpoint (or nothing): this shard is garbage.
       ::unlink(shard_path.c_str());
       return st;
-    }
-    if (group.rank == 0) {
-      const std::vector<std::string> names = ShardNames();
-      const std::set<std::string> keep(names.begin(), names.end());
-      for (const std::string& f : replaced) {
-        if (!keep.count(f) && IsSaveShard(stem, f)) ::unlink((dir + "/" + f).c_str());
-      }
     }
     return Status::Ok();
   }

@@ -530,4 +530,41 @@ Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
   return index;
 }
 
+Result<OutputFormat> ChooseOutputFormat(const std::string& path, std::string_view to) {
+  auto ends_with = [&](std::string_view suffix) {
+    return path.size() >= suffix.size() &&
+           std::string_view(path).substr(path.size() - suffix.size()) == suffix;
+  };
+  std::optional<OutputFormat> by_name;
+  if (ends_with(".ferry")) by_name = OutputFormat::kTensorFerry;
+  if (ends_with(".safetensors")) by_name = OutputFormat::kSafetensors;
+  const char* kHow =
+      "name it *.ferry or *.safetensors, or choose the format: ferry convert --to "
+      "ferry|safetensors, tensorferry.convert(..., to=\"ferry\"), ferry_convert_to";
+  if (to.empty()) {
+    if (by_name) return *by_name;
+    size_t slash = path.find_last_of('/');
+    size_t dot = path.find_last_of('.');
+    std::string ext = dot != std::string::npos && (slash == std::string::npos || dot > slash)
+                          ? StrCat("extension ", Quote(path.substr(dot)))
+                          : std::string("name");
+    return Error(StatusCode::kInvalidArgument, path,
+                 ": cannot tell which format to write from its ", ext,
+                 " (TensorFerry bytes under another format's name mislead every reader); ", kHow);
+  }
+  std::optional<OutputFormat> asked;
+  if (to == "ferry" || to == "tensorferry") asked = OutputFormat::kTensorFerry;
+  if (to == "safetensors") asked = OutputFormat::kSafetensors;
+  if (!asked) {
+    return Error(StatusCode::kInvalidArgument, path, ": unknown output format ",
+                 Quote(std::string(to)), "; give \"ferry\" or \"safetensors\"");
+  }
+  if (by_name && *by_name != *asked) {
+    return Error(StatusCode::kInvalidArgument, path, ": the name says ",
+                 *by_name == OutputFormat::kSafetensors ? "safetensors" : "TensorFerry",
+                 " but the format asked for is ", to, "; rename the output or drop the choice");
+  }
+  return *asked;
+}
+
 }  // namespace ferry

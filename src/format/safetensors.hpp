@@ -99,6 +99,17 @@ struct SafetensorsIndex {
 // shard names must stay inside the index's directory.
 Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path);
 
+// The two formats a conversion writes.
+enum class OutputFormat { kTensorFerry, kSafetensors };
+
+// The format to write `path` in: `to` when given ("ferry", "tensorferry" or "safetensors"),
+// else by the extension, ".ferry" or ".safetensors". Any other name is refused rather than
+// given TensorFerry bytes by default: out.pt, pytorch_model.bin or a typo like
+// model.safetensor would hold a file that torch or safetensors cannot read. InvalidArgument
+// names the path and says how to choose; also for a `to` that contradicts the extension.
+// Every conversion (`ferry convert`, ferry_convert, tensorferry.convert) asks this.
+Result<OutputFormat> ChooseOutputFormat(const std::string& path, std::string_view to = {});
+
 }  // namespace ferry
 
 #endif  // FERRY_SRC_FORMAT_SAFETENSORS_HPP_

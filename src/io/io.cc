@@ -394,10 +394,41 @@ Status SyncParentDir(const std::string& path) {
   return Status::Ok();
 }
 
+namespace {
+
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// An atomic replacement renames a new regular file over `dest`: over a FIFO, a device node
+// (/dev/null) or a socket that would delete it and leave a plain file in its place (as root,
+// for the whole machine), and a directory cannot be renamed over at all. So only a regular
+// file is replaced; anything else is refused before a byte is written, naming what is there.
+// `shown` is the path the caller gave (`dest` differs when a symbolic link led there).
+Status CheckReplaceable(const std::string& shown, const std::string& dest, const struct stat& st) {
+  if (S_ISREG(st.st_mode)) return Status::Ok();
+  return Error(StatusCode::kInvalidArgument, shown, ": ",
+               shown == dest ? std::string("is ") : StrCat("leads to ", dest, ", which is "),
+               FileKind(st.st_mode),
+               ", not a regular file; a checkpoint replaces only a regular file: write to a "
+               "file path");
+}
+
+}  // namespace
+
 Result<std::string> ReplaceTarget(const std::string& path) {
   FERRY_RETURN_IF_ERROR(CheckPath(path));
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+  if (::lstat(path.c_str(), &st) != 0) return path;  // nothing there yet (or creating says why)
+  if (!S_ISLNK(st.st_mode)) {
+    FERRY_RETURN_IF_ERROR(CheckReplaceable(path, path, st));
+    return path;
+  }
   // A link is written through, as open() would: its target is replaced, in the target's own
   // directory (a rename cannot cross file systems), and the link keeps pointing at it.
   char* resolved = ::realpath(path.c_str(), nullptr);
@@ -407,6 +438,7 @@ Result<std::string> ReplaceTarget(const std::string& path) {
   }
   std::string target(resolved);
   std::free(resolved);
+  if (::stat(target.c_str(), &st) == 0) FERRY_RETURN_IF_ERROR(CheckReplaceable(path, target, st));
   return target;
 }
 
@@ -416,6 +448,9 @@ Status KeepPermissions(const File& tmp, const std::string& dest) {
     if (errno == ENOENT) return Status::Ok();  // nothing replaced: the creation mode stands
     return ErrnoStatus(errno, dest, "stat");
   }
+  // Checked again just before the rename: something else may have appeared at `dest` since
+  // ReplaceTarget looked.
+  FERRY_RETURN_IF_ERROR(CheckReplaceable(dest, dest, st));
   // Owner first: chown clears set-id bits, and a file another user owned keeps its owner
   // where the caller may give it (root; a group the caller is in). Where not, the caller
   // owns the new file, with the old mode bits.

@@ -167,10 +167,13 @@ Status SyncParentDir(const std::string& path);
 Status CheckPath(const std::string& path);
 // The file an atomic replacement of `path` must rename over: `path`, or the file a symbolic
 // link at `path` resolves to (writing through the link, as open() does). InvalidArgument for
-// a link that resolves to nothing (dangling, a loop).
+// a link that resolves to nothing (dangling, a loop), and for a destination that exists and is
+// not a regular file (a directory, FIFO, device node or socket, or a link to one): every
+// writer calls this before it creates its temporary file, so none ever replaces /dev/null.
 Result<std::string> ReplaceTarget(const std::string& path);
 // Gives the temporary file `tmp` the permission bits of the file at `dest`, and its owner and
-// group where the caller may; nothing when `dest` does not exist.
+// group where the caller may; nothing when `dest` does not exist. InvalidArgument when `dest`
+// has meanwhile become something other than a regular file (checked again before the rename).
 Status KeepPermissions(const File& tmp, const std::string& dest);
 Status RenameFile(const std::string& from, const std::string& to);
 

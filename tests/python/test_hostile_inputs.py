@@ -69,14 +69,8 @@ def test_get_slice_property(tmp_path_factory, rows, cols, start, stop, step, ind
     p = tmp_path_factory.mktemp("prop") / "p.ferry"
     tf.save_file({"a": a}, p, encoding=enc, block_size=4096, durable=False)
     key = slice(start, stop, step)
-    # As safetensors: a start must index a row, a stop may be the end; else IndexError.
-    in_range = ((start is None or -rows <= start <= rows - 1)
-                and (stop is None or -rows <= stop <= rows))
+    # Slice bounds clamp, as in Python and numpy; only int indices raise.
     with tf.safe_open(p) as f:
-        if not in_range:
-            with pytest.raises(IndexError):
-                f.get_slice("a")[key]
-            return
         got = f.get_slice("a")[key]
         assert got.shape == a[key].shape
         np.testing.assert_array_equal(got, a[key])
@@ -306,10 +300,18 @@ def test_cli_convert_sharded_index_with_deep_metadata(tmp_path):
     assert not (tmp_path / "out.ferry").exists()
 
 
+DEEP_DESCRIPTIONS = {"lists": "[" * 100000 + "]" * 100000,
+                     "objects": "[" + '{"a":' * 50000 + "1" + "}" * 50000 + "]"}
+
+
 @needs_ferry
-@pytest.mark.parametrize("value", ["[" * 100000 + "]" * 100000,
-                                   "[" + '{"a":' * 50000 + "1" + "}" * 50000 + "]"])
-def test_cli_convert_deep_fp8_description(tmp_path, value):
+# Short ids: pytest puts a test's id into the environment (PYTEST_CURRENT_TEST) of every
+# process the test starts, and some pytest versions make ids of the values themselves; a
+# 200 KB value there fails the exec ("Argument list too long"). The description reaches
+# `ferry` in the file only.
+@pytest.mark.parametrize("kind", sorted(DEEP_DESCRIPTIONS))
+def test_cli_convert_deep_fp8_description(tmp_path, kind):
+    value = DEEP_DESCRIPTIONS[kind]
     src = tmp_path / "deep.safetensors"
     write_safetensors(src, {"__metadata__": {"tensorferry.scaling": value},
                             "t": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"xy")

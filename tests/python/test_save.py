@@ -72,15 +72,22 @@ def test_default_pool_and_sync_save_with_a_pool(tmp_path):
 
 def test_failed_async_save_raises_and_keeps_the_previous_file(tmp_path):
     target = tmp_path / "taken"
-    target.mkdir()
-    (target / "keep").write_text("x")
-    fut = tf.save_file_async(arrays(3), str(target))
+
+    def occupy(_written):
+        # The final name becomes a non-empty directory while the save runs: the commit fails
+        # after all the data was written (a directory there at the start is refused at once).
+        if not target.exists():
+            target.mkdir()
+            (target / "keep").write_text("x")
+
+    fut = tf.save_file_async(arrays(3), str(target), progress=occupy)
     err = fut.exception()
-    assert isinstance(err, tf.IoError)
-    assert str(target) in str(err)
-    with pytest.raises(tf.IoError):
+    assert isinstance(err, tf.InvalidArgumentError)
+    assert str(target) + ": is a directory, not a regular file" in str(err)
+    with pytest.raises(tf.InvalidArgumentError):
         fut.result()
     assert sorted(os.listdir(tmp_path)) == ["taken"]
+    assert os.listdir(str(target)) == ["keep"]
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -176,3 +183,48 @@ def test_sharded_save_over_gloo(tmp_path):
     procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(tmp_path), "gloo"],
                               env=env) for r in range(2)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
+
+
+# ---- destinations that are not regular files -------------------------------------------
+
+
+def _not_regular_files(tmp_path):
+    """{path: what the error says it is} for a FIFO, a folder, a socket and a link to
+    /dev/null, made in tmp_path."""
+    import socket
+
+    # No extension: convert() is then told the format, and the destination decides the error.
+    fifo, folder = tmp_path / "fifo", tmp_path / "folder"
+    os.mkfifo(str(fifo))
+    folder.mkdir()
+    sock = tmp_path / "sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    s.close()
+    null = tmp_path / "null"
+    os.symlink("/dev/null", str(null))
+    return {str(fifo): "is a FIFO", str(folder): "is a directory", str(sock): "is a socket",
+            str(null): "leads to /dev/null, which is a character device"}
+
+
+def test_every_writer_refuses_a_destination_that_is_not_a_regular_file(tmp_path):
+    import stat
+
+    src = str(tmp_path / "src.ferry")
+    tf.save_file({"a": np.arange(3, dtype=np.int32)}, src)
+    torch_src = os.path.join(HERE, "..", "data", "torch", "pytorch_model.bin")
+    specials = _not_regular_files(tmp_path)
+    before = sorted(os.listdir(str(tmp_path)))
+    for path, what in specials.items():
+        for write in (lambda p: tf.save_file({"a": np.arange(3, dtype=np.int32)}, p),
+                      lambda p: tf.save_file_async({"a": np.zeros(2)}, p).result(),
+                      lambda p: tf.convert(src, p, to="ferry"),
+                      lambda p: tf.convert(torch_src, p, to="ferry"),
+                      lambda p: tf.convert(torch_src, p, to="safetensors"),
+                      lambda p: tfd.write_shard_index(p, ["src.ferry"])):
+            with pytest.raises(tf.InvalidArgumentError, match="not a regular file") as e:
+                write(path)
+            assert path + ": " + what in str(e.value)
+            assert sorted(os.listdir(str(tmp_path))) == before
+    assert stat.S_ISFIFO(os.lstat(str(tmp_path / "fifo")).st_mode)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

@@ -115,6 +115,78 @@ def test_extra_state_is_never_pickled(path):
     assert list(tf.load_file(path)) == ["w"]
 
 
+def test_save_state_dict_flattens_a_nested_state_as_convert_does(tmp_path):
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.25)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 10}
+    tft.save_state_dict(state, str(tmp_path / "saved.ferry"))
+    torch.save(state, str(tmp_path / "saved.pt"))
+    tf.convert(str(tmp_path / "saved.pt"), str(tmp_path / "converted.ferry"))
+    saved = tft.load_state_dict(str(tmp_path / "saved.ferry"), device="cpu")
+    converted = tft.load_state_dict(str(tmp_path / "converted.ferry"), device="cpu")
+    assert sorted(saved) == sorted(converted)
+    assert {"model.weight", "optimizer.state.0.exp_avg", "optimizer.state.1.exp_avg_sq"} <= \
+        set(saved)
+    for k in saved:
+        assert torch.equal(saved[k], converted[k]), k
+    typed = tf.read_metadata(str(tmp_path / "saved.ferry"), typed=True)
+    assert typed == tf.read_metadata(str(tmp_path / "converted.ferry"), typed=True)
+    assert typed["step"] == 10 and typed["optimizer.param_groups.0.lr"] == 0.25
+    assert typed["optimizer.param_groups.0.params"] == [0, 1]
+
+
+def test_following_the_skip_hint_never_writes_an_empty_checkpoint(tmp_path):
+    path = str(tmp_path / "m.ferry")
+    with pytest.raises(TypeError, match="extra_state='skip'"):
+        tft.save_state_dict({"opaque": object()}, path)
+    with pytest.raises(ValueError, match="nothing of the state would be stored"):
+        with pytest.warns(UserWarning, match="left out"):
+            tft.save_state_dict({"opaque": object()}, path, extra_state="skip")
+    assert not (tmp_path / "m.ferry").exists()
+
+
+def test_cpu_loads_are_views_and_take_verify_and_threads(tmp_path):
+    path = str(tmp_path / "m.ferry")
+    want = {"w": make(torch.bfloat16, (64, 33)), "i": make(torch.int32, (7,)),
+            "f8": make(torch.float8_e4m3fn, (4, 4)), "e": torch.empty(0, 3)}
+    tft.save_file(want, path)
+    before = open(path, "rb").read()
+    for got in (tft.load_file(path, device="cpu", threads=2),
+                tft.load_file(path, device="cpu", verify=True),
+                dict(tf.load_iter(path, device="cpu", framework="pt"))):
+        assert sorted(got) == sorted(want)
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8),
+                                                           v.view(torch.uint8)), k
+            got[k].zero_()  # private: never reaches the file
+    assert open(path, "rb").read() == before
+    with tf.safe_open(path, framework="pt", device="cpu") as f:
+        w = f.get_tensor("w")
+        w.zero_()
+        assert torch.equal(f.get_tensor("w"), want["w"])
+        assert torch.equal(f.get_slice("w")[60:99], want["w"][60:])
+
+
+def test_verify_refuses_a_corrupt_file_before_touching_the_model(tmp_path):
+    path = str(tmp_path / "m.ferry")
+    model = torch.nn.Linear(8, 4)
+    tft.save_model(model, path)
+    from test_host_loads import flip_byte
+
+    with tf.Reader(path) as r:
+        flip_byte(path, r.info("weight").data_offset + 3)
+    other = torch.nn.Linear(8, 4)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(tf.DataLossError, match="'weight'"):
+        tft.load_model(other, path, verify=True)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(tf.DataLossError, match="'weight'"):
+        tft.load_file(path, verify=True)
+
+
 # ---- CUDA ---------------------------------------------------------------------------------
 
 

@@ -100,4 +100,20 @@ run_step("pkg-config build and run (C, shared library)" ${SH} -ec "${script}")
 if(NOT last_output MATCHES "tensor 0: 2-d, (host|device) memory")
   message(FATAL_ERROR "pkg-config build printed:\n${last_output}")
 endif()
+
+# Static linking with exactly what `pkg-config --static --libs` says: with the shared library
+# gone from the prefix, -lferry finds libferry.a, whose dependencies (zstd, dl, the C++
+# runtime, cudart where built with CUDA) must all come from tensorferry.pc.
+file(GLOB shared_libs "${PREFIX}/lib*/libferry.so*" "${PREFIX}/lib*/*/libferry.so*")
+file(REMOVE ${shared_libs})
+file(REMOVE "${APP}/quickstart_c" "${APP}/model_c.ferry")
+set(static_script "cc -std=c99 quickstart.c $(pkg-config --cflags --static --libs tensorferry) \
+-o quickstart_c\n./quickstart_c\n")
+if(DEFINED ENV{LDFLAGS})
+  set(static_script "cc() {\n  command cc \"$@\" $LDFLAGS\n}\n${static_script}")
+endif()
+run_step("pkg-config --static build and run (C, static library)" ${SH} -ec "${static_script}")
+if(NOT last_output MATCHES "tensor 0: 2-d, (host|device) memory")
+  message(FATAL_ERROR "pkg-config --static build printed:\n${last_output}")
+endif()
 file(REMOVE_RECURSE "${WORK_DIR}")

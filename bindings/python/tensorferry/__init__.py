@@ -27,7 +27,7 @@ import operator
 import os
 import threading
 
-from . import _dtypes, _lib, _scaling
+from . import _dtypes, _lib, _scaling, _state
 from ._dlpack import DLPackTensor, HostBuffer
 from ._lib import (CudaError, DataLossError, FerryError, InternalError, InvalidArgumentError,
                    IoError, NotFoundError, ResourceExhaustedError, UnimplementedError,
@@ -73,7 +73,7 @@ def _name(n):
 
 class TensorInfo:
     """Description of a stored tensor: name, dtype (a ferry dtype name such as "BF16"),
-    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle_zstd",
+    shape (logical element counts), nbytes (raw), encoding ("raw", "zstd", "shuffle+zstd",
     "planes")."""
 
     __slots__ = ("name", "dtype", "shape", "nbytes", "encoding", "data_offset", "data_size")
@@ -429,10 +429,10 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     The file appears atomically at commit: a failure leaves any previous file untouched.
     torch tensors that share memory are refused (RuntimeError naming them), as safetensors
     does; non-contiguous tensors are stored contiguously (safetensors refuses them).
-    encoding: "raw" (zero-copy views on load), "zstd" or "shuffle_zstd" (bf16/f16/f32 weights
-    compress best), or "planes" (bf16/f16 weights about 1.47x smaller, expanded on the GPU
-    while loading, so hot loads move fewer bytes over the link); zstd_level None keeps the
-    library's default. metadata: dict of str -> str.
+    encoding: "raw" (zero-copy views on load), "zstd" or "shuffle+zstd" (also spelled
+    "shuffle_zstd"; bf16/f16/f32 weights compress best), or "planes" (bf16/f16 weights about
+    1.47x smaller, expanded on the GPU while loading, so hot loads move fewer bytes over the
+    link); zstd_level None keeps the library's default. metadata: dict of str -> str.
     min_savings: a block is stored uncompressed unless zstd saves this fraction (None: the
     library's 0.03).
     scaling_state: FP8 scaling state in the structured form of tensorferry._scaling (stored as
@@ -448,8 +448,7 @@ def save_file(tensors, path, metadata=None, *, encoding="raw", zstd_level=None, 
     save_file_async). direct_io: write through O_DIRECT where the file system supports it
     (faster on the disks measured; the saved file is then not left in the page cache).
     """
-    if encoding not in _lib.ENCODINGS:
-        raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
+    _lib.encoding_code(encoding)  # a bad name is refused before anything else is looked at
     _refuse_shared(tensors)
     opts = _lib.writer_options(encoding, zstd_level, threads, durable, block_size, min_savings,
                                producer)
@@ -607,7 +606,11 @@ class Reader(_Closable):
             info = self._infos[name] = TensorInfo(*self._record(i)[:7])
         return info
 
-    def metadata(self):
+    def metadata(self, typed=False):
+        """{key: str}; with `typed`, the texts of plain values (an imported torch checkpoint's
+        non-tensor entries, a nested state saved by tensorferry.torch.save_state_dict) come
+        back as the ints, floats, bools, None and lists they were written from
+        (tensorferry._state.decode_value); other texts stay str."""
         L = self._lib
         out = {}
         for i in range(L.ferry_reader_num_metadata(self.handle)):
@@ -619,6 +622,8 @@ class Reader(_Closable):
             key = _lib.decode(ctypes.string_at(k.value, kn.value), self.path, "metadata key")
             out[key] = _lib.decode(ctypes.string_at(v.value, vn.value) if vn.value else b"",
                                    self.path, "metadata value of %r" % key)
+        if typed:
+            out = {k: _state.decode_value(v) for k, v in out.items()}
         return out
 
     def scaling_state(self):
@@ -680,35 +685,110 @@ def _numpy_copy(reader, name, rows=None, verify=False):
     return out
 
 
-def _numpy_load_all(reader, verify=False):
-    """Every tensor as numpy arrays, through one packed host load (the library's worker
-    threads, one allocation, no per-tensor call into the library). The arrays are views of
-    that one buffer, writable, each at its own 256-byte-aligned offset."""
+def _file_bytes(reader):
+    """A writable numpy uint8 array over a fresh private copy-on-write mapping of the whole
+    file (ferry_reader_view_file): no copy, pages shared with the page cache until written,
+    writes never reaching the file or any other load."""
+    import numpy as np
+
+    out = ctypes.c_void_p()
+    _lib.call("ferry_reader_view_file", reader.handle, ctypes.byref(out))
+    t = DLPackTensor(out.value, "U8")
+    return np.asarray(HostBuffer(t, t.shape[0]))
+
+
+def _host_sources(reader, verify=False, threads=0, on_ready=None):
+    """[(name, dtype code, shape, nbytes, buffer, offset)] of every tensor in name order, its
+    bytes at buffer[offset:offset + nbytes] (buffer a writable numpy uint8 array).
+
+    Unverified, raw tensors are not copied: they lie in one private copy-on-write mapping of
+    the file (what safetensors' torch loads hand out too, at the cost of page faults instead
+    of a copy into freshly faulted memory). The rest (compressed tensors, and every tensor
+    when checksums are verified) are loaded by the library's worker threads into one host
+    buffer, each at a 256-byte-aligned offset: one call into the library, no per-tensor one.
+
+    `on_ready(entry)`, when given, is called with each entry as soon as its bytes are in place
+    (views first, then the loaded ones as the library hands them over, from its hand-over
+    thread) for load_iter."""
     import numpy as np
 
     n = len(reader._order)
-    buf = np.empty(max(1, reader._packed_bytes), np.uint8)
-    if reader._packed_bytes:
-        _lib.call("ferry_loader_load_to_host_packed", _host_loader(verify)._handle, reader.handle,
-                  ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
     rec = reader._table
     dims = reader._dims.tolist()
-    np_types = {}
-    out = {}
-    fp4 = _dtypes.code("F4_E2M1FN")
-    for name, code, ndim, at, offset, nbytes in zip(
-            reader._order, rec["dtype"].tolist(), rec["ndim"].tolist(),
-            rec["shape_offset"].tolist(), rec["packed_offset"].tolist(), rec["nbytes"].tolist()):
-        shape = tuple(dims[at:at + ndim])
-        dt = np_types.get(code)
-        if dt is None:
-            dt = np_types[code] = _dtypes.to_numpy(_dtypes.name(code))
-        if code == fp4:  # one element per byte in numpy
-            codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
-            out[name] = codes.view(dt).reshape(shape)
+    nbytes = rec["nbytes"].tolist()
+    viewed = (rec["encoding"] == 0) & (rec["nbytes"] > 0)
+    file = None
+    if viewed.any() and not verify:
+        try:
+            file = _file_bytes(reader)
+        except UnimplementedError:  # a file the library does not map: every tensor is copied
+            pass
+    if file is None:
+        viewed[:] = False
+    copied = [i for i in range(n) if not viewed[i] and nbytes[i] > 0]
+    offsets = rec["data_offset"].tolist() if file is not None else [0] * n
+    loader = _host_loader(verify, threads)
+    buf = None
+    everything = len(copied) == sum(1 for b in nbytes if b > 0)
+    if everything and on_ready is None:  # the packed load: no request list at all
+        buf = np.empty(max(1, reader._packed_bytes), np.uint8)
+        offsets = rec["packed_offset"].tolist()
+    elif copied:
+        total = 0
+        for i in copied:
+            offsets[i] = total
+            total += (nbytes[i] + 255) // 256 * 256
+        buf = np.empty(total, np.uint8)
+    codes, at, ndims = rec["dtype"].tolist(), rec["shape_offset"].tolist(), rec["ndim"].tolist()
+    # Empty tensors have no bytes anywhere (buffer None).
+    entries = [(reader._order[i], codes[i], tuple(dims[at[i]:at[i] + ndims[i]]), nbytes[i],
+                file if viewed[i] else buf if nbytes[i] else None, offsets[i])
+               for i in range(n)]
+    if on_ready is not None:
+        pending = set(copied)
+        for i in range(n):
+            if i not in pending:
+                on_ready(entries[i])
+    if everything and on_ready is None:
+        if reader._packed_bytes:
+            _lib.call("ferry_loader_load_to_host_packed", loader._handle, reader.handle,
+                      ctypes.c_void_p(buf.ctypes.data), reader._packed_bytes)
+    elif copied:
+        reqs, keep = loader._requests(
+            [(reader._order[i], None, buf.ctypes.data + offsets[i], nbytes[i]) for i in copied])
+        if on_ready is None:
+            _lib.call("ferry_loader_load_to_host", loader._handle, reader.handle, reqs,
+                      len(copied), None)
         else:
-            out[name] = np.ndarray(shape, dt, buf, offset)
-    return out
+            # Runs on the loader's hand-over thread: only hands the entry on.
+            ready = _lib.READY_FN(lambda user, k, tensor, event: on_ready(entries[copied[k]]))
+            _lib.call("ferry_loader_load_to_host_streaming", loader._handle, reader.handle, reqs,
+                      len(copied), ready, None, None)
+        del keep
+    return entries
+
+
+def _numpy_entry(entry, np_types):
+    """The numpy array of a _host_sources entry."""
+    import numpy as np
+
+    name, code, shape, nbytes, buf, offset = entry
+    dt = np_types.get(code)
+    if dt is None:
+        dt = np_types[code] = _dtypes.to_numpy(_dtypes.name(code))
+    if buf is None:  # no bytes
+        return np.empty(shape, dt)
+    if code == _dtypes.code("F4_E2M1FN"):  # one element per byte in numpy
+        codes = _dtypes.unpack_fp4(buf[offset:offset + nbytes], _numel(shape))
+        return codes.view(dt).reshape(shape)
+    return np.ndarray(shape, dt, buf, offset)
+
+
+def _numpy_load_all(reader, verify=False, threads=0):
+    """Every tensor as numpy arrays (see _host_sources for where their bytes lie: writable
+    either way, and a write never reaches the file)."""
+    np_types = {}
+    return {e[0]: _numpy_entry(e, np_types) for e in _host_sources(reader, verify, threads)}
 
 
 def _numpy_view(reader, name, verify=False):
@@ -767,13 +847,54 @@ def _torch_view(torch, flat, offset, dtype, shape, nbytes):
 
 
 def _torch_host(reader, name, rows=None, verify=False):
+    """A CPU torch tensor of `name` (rows [a, b) of it): a view of a private copy-on-write
+    mapping of the tensor for raw ones (as safe_open's numpy views), else a copy."""
     torch = _torch()
     info = reader.info(name)
     shape, nbytes = reader.region(name, rows)
+    # Rows of FP4 need not start on a byte: those are copied.
+    if info.encoding == "raw" and info.nbytes > 0 and (rows is None or
+                                                        info.dtype != "F4_E2M1FN"):
+        import numpy as np
+
+        t = reader.view(name, verify)
+        flat = torch.from_numpy(np.asarray(HostBuffer(t, info.nbytes)))
+        begin = 0
+        if rows is not None:
+            begin = rows[0] * (info.nbytes // info.shape[0]) if info.shape[0] else 0
+        out = _torch_view(torch, flat, begin, info.dtype, shape, nbytes)
+        if out is not None:
+            return out
     out = _torch_empty(torch, info.dtype, shape, nbytes, "cpu")
     if nbytes:
         reader.read_into(name, out.data_ptr(), nbytes, rows, verify)
     return out
+
+
+def _torch_entry(torch, entry, flats):
+    """The CPU torch tensor of a _host_sources entry: a view of its buffer, or a copy where
+    torch has no view of that dtype at that offset. `flats` caches one torch tensor per
+    buffer."""
+    name, code, shape, nbytes, buf, offset = entry
+    dtype = _dtypes.name(code)
+    flat = None
+    if buf is not None:
+        flat = flats.get(id(buf))
+        if flat is None:
+            flat = flats[id(buf)] = torch.from_numpy(buf)
+    t = _torch_view(torch, flat, offset, dtype, shape, nbytes) if flat is not None else None
+    if t is None:
+        t = _torch_empty(torch, dtype, shape, nbytes, "cpu")
+        if nbytes:
+            t.view(-1).view(torch.uint8).copy_(flat.narrow(0, offset, nbytes))
+    return t
+
+
+def _torch_host_load_all(reader, verify=False, threads=0):
+    """Every tensor as a CPU torch tensor, from _host_sources."""
+    torch = _torch()
+    flats = {}
+    return {e[0]: _torch_entry(torch, e, flats) for e in _host_sources(reader, verify, threads)}
 
 
 def _cuda_index(torch, device):
@@ -802,12 +923,14 @@ def _default_loader(device_index):
 _host_loaders = {}
 
 
-def _host_loader(verify):
-    """A loader kept for host loads (its worker threads live on), one per verify setting."""
+def _host_loader(verify, threads=0):
+    """A loader kept for host loads (its worker threads live on), one per verify setting and
+    thread count."""
+    key = (bool(verify), int(threads))
     with _loaders_lock:
-        loader = _host_loaders.get(verify)
+        loader = _host_loaders.get(key)
         if loader is None:
-            loader = _host_loaders[verify] = Loader(verify=verify)
+            loader = _host_loaders[key] = Loader(verify=verify, threads=threads)
         return loader
 
 
@@ -901,17 +1024,74 @@ def _torch_cuda_load_all(reader, device, verify=False):
     return out
 
 
-def load_iter(path, device="cuda", verify=False):
-    """Yields (name, torch tensor) for every tensor of a checkpoint as soon as its copy onto
-    `device` is complete, while the rest still loads, so a framework can build modules as
-    their weights land. Tensors come in the order their copies finish (file order, give or
-    take the interleaving of the copy threads), each exactly once.
+def load_iter(path, device="cuda", verify=False, framework=None, threads=0):
+    """Yields (name, tensor) for every tensor of a checkpoint as soon as it is in place,
+    while the rest still loads, so a framework can build modules as their weights land. Each
+    tensor comes exactly once.
 
-    `device`: "cuda" (the current device), "cuda:N" or a torch.device. Copies run on that
-    device's current torch stream, into one allocation shared by all tensors (as load_file).
-    A yielded tensor is complete: any stream may read it. Leaving the loop early waits for
-    the load to finish before the generator closes. Errors are raised at the point of
-    iteration where they happen, after the tensors handed over before them."""
+    `device`: "cuda" (the current device), "cuda:N" or a torch.device: torch tensors, in the
+    order their copies finish (file order, give or take the interleaving of the copy
+    threads), copied on that device's current torch stream into one allocation shared by all
+    tensors (as load_file); a yielded tensor is complete: any stream may read it. "cpu": numpy
+    arrays (torch CPU tensors with framework="pt"), as load_file makes them: raw tensors
+    first, at once (views of the file's private mapping), then the decoded ones as the
+    library's `threads` workers finish them. Leaving the loop early waits for the load to
+    finish before the generator closes. Errors are raised at the point of iteration where
+    they happen, after the tensors handed over before them."""
+    framework, device = _resolve(framework, device)
+    if device == "cpu":
+        yield from _host_iter(path, framework, verify, threads)
+        return
+    yield from _cuda_iter(path, device, verify)
+
+
+def _background_iter(reader, run):
+    """Yields what `run(put)`, running on a thread of its own, puts, until it returns; then
+    raises what it raised. Leaving early waits for it; the reader is closed at the end."""
+    import queue
+
+    ready = queue.SimpleQueue()
+    failure = []
+
+    def body():
+        try:
+            run(ready.put)
+        except BaseException as e:  # noqa: B902 - raised in the consumer's thread below
+            failure.append(e)
+        finally:
+            ready.put(None)
+
+    thread = threading.Thread(target=body, name="tensorferry-load-iter", daemon=True)
+    try:
+        thread.start()
+        while True:
+            item = ready.get()
+            if item is None:
+                break
+            yield item
+        thread.join()
+        if failure:
+            raise failure[0]
+    finally:
+        if thread.is_alive():  # left early: the load still writes into its buffers
+            thread.join()
+        reader.close()
+
+
+def _host_iter(path, framework, verify, threads):
+    if framework == "np":
+        np_types = {}
+        convert = lambda e: _numpy_entry(e, np_types)  # noqa: E731
+    else:
+        torch, flats = _torch(), {}
+        convert = lambda e: _torch_entry(torch, e, flats)  # noqa: E731
+    reader = Reader(path)
+    for entry in _background_iter(
+            reader, lambda put: _host_sources(reader, verify, threads, on_ready=put)):
+        yield entry[0], convert(entry)
+
+
+def _cuda_iter(path, device, verify):
     import queue
 
     torch = _torch()
@@ -1097,30 +1277,33 @@ def _resolve(framework, device):
     return framework, ("cpu" if is_cpu else device)
 
 
-def load_file(path, device=None, framework=None, verify=False):
+def load_file(path, device=None, framework=None, verify=False, threads=0):
     """Loads every tensor of a checkpoint into a dict.
 
-    device None or "cpu": numpy arrays (writable copies, views of one buffer the library
-    fills with all its worker threads), or torch CPU tensors with
-    framework="pt". device "cuda" (the current device), "cuda:N" or a torch.device: torch
-    tensors on that device, copied on its current torch stream (the call returns once they
-    are complete). FP6 tensors come to torch as uint8; FP4 as float4_e2m1fn_x2 (uint8 bytes
-    when the last dimension is odd).
+    device None or "cpu": numpy arrays, or torch CPU tensors with framework="pt". Raw
+    tensors are not copied: they are views of one private copy-on-write mapping of the file
+    (as safetensors' torch loads are), writable, and a write stays in the array; compressed
+    tensors (and, with `verify`, every tensor, its checksums checked) are decoded by the
+    library's worker threads into one buffer. `threads`: those workers (0: one per core, up
+    to the library's default). device "cuda" (the current device), "cuda:N" or a
+    torch.device: torch tensors on that device, copied on its current torch stream (the call
+    returns once they are complete). FP6 tensors come to torch as uint8; FP4 as
+    float4_e2m1fn_x2 (uint8 bytes when the last dimension is odd).
     """
     framework, device = _resolve(framework, device)
     with Reader(path) as r:
-        names = r.keys()
         if framework == "np":
-            return _numpy_load_all(r, verify=verify)
+            return _numpy_load_all(r, verify=verify, threads=threads)
         if device == "cpu":
-            return {n: _torch_host(r, n, verify=verify) for n in names}
+            return _torch_host_load_all(r, verify=verify, threads=threads)
         return _torch_cuda_load_all(r, device, verify=verify)
 
 
-def read_metadata(path):
-    """The checkpoint's string metadata as a dict."""
+def read_metadata(path, typed=False):
+    """The checkpoint's string metadata as a dict; with `typed`, plain values come back typed
+    (see Reader.metadata): ``{"epoch": 7, "lr": 0.5}`` rather than ``{"epoch": "7", ...}``."""
     with Reader(path) as r:
-        return r.metadata()
+        return r.metadata(typed)
 
 
 def read_scaling_state(path):
@@ -1139,13 +1322,15 @@ class safe_open:
 
     Behaves as safetensors' safe_open does: a missing file raises FileNotFoundError;
     metadata() is None when the file has none; get_slice(name)[...] takes ints, slices (with
-    steps), Ellipsis and tuples of them, and a bound past a dimension's end raises; every call
-    after close (or after the ``with`` block) raises. Where it differs, on purpose:
+    steps), Ellipsis and tuples of them; every call after close (or after the ``with`` block)
+    raises. Slices clamp as in Python, numpy and torch: on 3 rows, ``[1:10]`` is 2 rows,
+    ``[5:]`` none and ``[-10:]`` all 3 (so the last rank of a tensor-parallel split may ask
+    past the end); an int index out of range raises IndexError. Where it differs, on purpose:
     - errors are tensorferry's types, not SafetensorError: NotFoundError (a LookupError) for
       an unknown tensor, IndexError for an index out of range, ValueError on a closed file;
     - numpy views of raw tensors are not copies but private copy-on-write mappings: writable,
       and a write changes only that array (never the file, nor another view);
-    - negative slice bounds count from the end, as in Python (safetensors rejects them);
+    - negative slice bounds count from the end, as in Python;
     - metadata() cannot tell an empty dict from none: both give None.
     """
 
@@ -1196,8 +1381,8 @@ class safe_open:
 
 
 def _expand_index(key, shape, name):
-    """`key` as a tuple of one int or slice per leading dimension (Ellipsis expanded), every
-    bound checked against `shape` as safetensors checks it."""
+    """`key` as a tuple of one int or slice per leading dimension (Ellipsis expanded); int
+    indices are checked against `shape`, slice bounds are left to clamp (slice.indices)."""
     if not isinstance(key, tuple):
         key = (key,)
     if sum(k is Ellipsis for k in key) > 1:
@@ -1216,12 +1401,6 @@ def _expand_index(key, shape, name):
             step = 1 if k.step is None else operator.index(k.step)
             if step == 0:
                 raise ValueError("tensorferry: slice step cannot be zero")
-            # As safetensors: a start must index an element, a stop may be the end.
-            for b, end in zip(bounds, (n - 1, n)):
-                if b is not None and not -n <= b <= end:
-                    raise IndexError(
-                        "tensorferry: index %d out of bounds for dimension %d of size %d of "
-                        "tensor %r" % (b, dim, n, name))
             out.append(slice(bounds[0], bounds[1], step))
         else:
             try:
@@ -1301,8 +1480,8 @@ def _save_bytes(tensors, metadata, **options):
 
 def _load_bytes(data, load):
     """load(path) over a checkpoint given as bytes, held in an anonymous in-memory file
-    (memfd) where the system has them, else in a temporary file. `load` must return copies,
-    not views of the file."""
+    (memfd) where the system has them, else in a temporary file. What `load` returns may view
+    the file: a mapping keeps it alive after it is closed and removed."""
     import tempfile
 
     if not isinstance(data, (bytes, bytearray, memoryview)):

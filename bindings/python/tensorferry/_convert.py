@@ -10,7 +10,7 @@ import ctypes
 from . import _lib
 
 
-def convert(src, dst, *, encoding="raw", zstd_level=None, block_size=None, threads=0,
+def convert(src, dst, *, to=None, encoding="raw", zstd_level=None, block_size=None, threads=0,
             durable=True, producer=None):
     """Converts `src` into `dst`, atomically.
 
@@ -19,15 +19,18 @@ def convert(src, dst, *, encoding="raw", zstd_level=None, block_size=None, threa
     tensors, plain values (kept as metadata) and TransformerEngine ``_extra_state`` (kept as
     the checkpoint's FP8 scaling state) are imported; any other pickled object is refused with
     an error naming it. Nothing in the pickles is executed, and CUDA tensors are read without
-    touching a GPU. dst: a ``.safetensors`` name writes safetensors (PyTorch inputs without
-    FP8 scaling state), anything else a TensorFerry checkpoint with `encoding` ("raw", "zstd",
-    "shuffle_zstd").
+    touching a GPU.
+
+    The output format is `to` ("ferry" or "safetensors") or else dst's extension: a
+    ``.safetensors`` name writes safetensors (PyTorch inputs without FP8 scaling state), a
+    ``.ferry`` name a TensorFerry checkpoint with `encoding` ("raw", "zstd", "shuffle+zstd" or
+    "shuffle_zstd", "planes"). Any other name (model.pt, pytorch_model.bin, a typo such as
+    model.safetensor) raises InvalidArgumentError unless `to` says which format it gets.
     """
-    if encoding not in _lib.ENCODINGS:
-        raise ValueError("tensorferry: encoding must be one of %s" % sorted(_lib.ENCODINGS))
     opts = _lib.writer_options(encoding, zstd_level, threads, durable, block_size,
                                producer=producer)
-    _lib.call("ferry_convert", _fspath(src), _fspath(dst), ctypes.byref(opts))
+    _lib.call("ferry_convert_to", _fspath(src), _fspath(dst),
+              None if to is None else _lib.encode(to), ctypes.byref(opts))
 
 
 def _fspath(p):

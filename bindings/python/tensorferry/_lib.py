@@ -39,8 +39,19 @@ CUDA_ERROR = 7
 IO_ERROR = 8
 
 ENCODING_DEFAULT = -1
-ENCODINGS = {"raw": 0, "zstd": 1, "shuffle_zstd": 2, "planes": 3}
-ENCODING_NAMES = {v: k for k, v in ENCODINGS.items()}
+# The library's names (ferry::EncodingName, what `ferry` and TensorInfo.encoding print), and
+# "shuffle_zstd", the spelling that reads as a Python word: both are taken everywhere.
+ENCODINGS = {"raw": 0, "zstd": 1, "shuffle+zstd": 2, "shuffle_zstd": 2, "planes": 3}
+ENCODING_NAMES = {0: "raw", 1: "zstd", 2: "shuffle+zstd", 3: "planes"}
+
+
+def encoding_code(name):
+    """The library's code of an encoding name; ValueError listing the names otherwise."""
+    code = ENCODINGS.get(name) if isinstance(name, str) else None
+    if code is None:
+        raise ValueError("tensorferry: encoding must be one of 'raw', 'zstd', 'shuffle+zstd' "
+                         "(or 'shuffle_zstd'), 'planes'; got %r" % (name,))
+    return code
 
 READ_VERIFY = 1
 PACKED_ALIGNMENT = 256  # FERRY_PACKED_ALIGNMENT: where packed loads place each tensor
@@ -525,6 +536,7 @@ def _declare(lib):
        c_void_p, c_uint64, c_int32, E)
     fn("ferry_writer_set_metadata", I, c_void_p, c_char_p, c_char_p, E)
     fn("ferry_convert", I, c_char_p, c_char_p, POINTER(WriterOptions), E)
+    fn("ferry_convert_to", I, c_char_p, c_char_p, c_char_p, POINTER(WriterOptions), E)
     fn("ferry_recipe_init", None, POINTER(Recipe), c_int32)
     fn("ferry_writer_add_scaling_state", I, c_void_p, c_char_p, POINTER(Recipe),
        POINTER(DirectionState), c_size_t, E)
@@ -564,6 +576,7 @@ def _declare(lib):
     fn("ferry_reader_num_scaling_states", c_size_t, c_void_p)
     fn("ferry_reader_scaling_state_at", I, c_void_p, c_size_t, POINTER(ScalingState), E)
     fn("ferry_reader_view", I, c_void_p, c_char_p, c_uint32, POINTER(c_void_p), E)
+    fn("ferry_reader_view_file", I, c_void_p, POINTER(c_void_p), E)
     fn("ferry_reader_read_into", I, c_void_p, c_char_p, c_void_p, c_uint64, c_uint32, E)
     fn("ferry_reader_read_rows_into", I, c_void_p, c_char_p, c_int64, c_int64, c_void_p,
        c_uint64, c_uint32, E)
@@ -578,6 +591,8 @@ def _declare(lib):
            POINTER(c_void_p), c_void_p, E)
     fn("ferry_loader_load_to_host", I, c_void_p, c_void_p, POINTER(LoadRequest), c_size_t,
        POINTER(c_void_p), E)
+    fn("ferry_loader_load_to_host_streaming", I, c_void_p, c_void_p, POINTER(LoadRequest),
+       c_size_t, READY_FN, c_void_p, POINTER(c_void_p), E)
     for name in ("ferry_loader_load_packed_async", "ferry_loader_load_packed"):
         fn(name, I, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, E)
     fn("ferry_loader_load_to_host_packed", I, c_void_p, c_void_p, c_void_p, c_uint64, E)
@@ -645,7 +660,7 @@ def writer_options(encoding, zstd_level=None, threads=0, durable=True, block_siz
     The structure holds the producer bytes itself, so it stays valid as long as it lives."""
     opts = WriterOptions()
     lib().ferry_writer_options_init(ctypes.byref(opts))
-    opts.encoding = ENCODINGS[encoding]
+    opts.encoding = encoding_code(encoding)
     if zstd_level is not None:
         opts.zstd_level = int(zstd_level)
     if block_size is not None:

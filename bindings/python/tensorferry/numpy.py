@@ -30,9 +30,11 @@ def save(tensor_dict, metadata=None, **options):
     return _tf._save_bytes(tensor_dict, metadata, **options)
 
 
-def load_file(filename):
-    """Every tensor of `filename` as a new writable numpy array."""
-    return _tf.load_file(filename, device="cpu", framework="np")
+def load_file(filename, *, verify=False, threads=0):
+    """Every tensor of `filename` as a writable numpy array (raw ones viewing a private
+    copy-on-write mapping of the file: a write stays in the array; see
+    tensorferry.load_file)."""
+    return _tf.load_file(filename, device="cpu", framework="np", verify=verify, threads=threads)
 
 
 def load(data):

@@ -31,7 +31,7 @@ direction, stored in the checkpoint's ScalingState tables.
 import torch as _torch
 
 import tensorferry as _tf
-from tensorferry import _dtypes, _scaling
+from tensorferry import _dtypes, _scaling, _state
 
 __all__ = ["save_file", "save_file_async", "load_file", "save", "load", "save_model",
            "load_model", "save_state_dict", "save_state_dict_async", "load_state_dict",
@@ -50,13 +50,19 @@ def save_state_dict(state_dict, path, *, metadata=None, scaling_state=None,
                     extra_state="error", encoding="raw", zstd_level=None, durable=True):
     """Saves a state_dict (or a module's) with its FP8 scaling state.
 
-    Entries that are not tensors, and TransformerEngine's pickled ``_extra_state`` tensors,
-    are refused (extra_state="error") or dropped (extra_state="skip"): pass FP8 state as
-    `scaling_state` instead, so that nothing executable or device-bound lands in the file.
-    CUDA tensors of the current device are read in place on torch's current stream
+    A nested state (``{"model": sd, "optimizer": opt.state_dict(), "step": 10}``) is
+    flattened as ``ferry convert`` imports the same torch.save file: ``model.weight``,
+    ``optimizer.state.0.exp_avg``, and plain values (``step``,
+    ``optimizer.param_groups.0.lr``) as metadata text, which
+    ``tensorferry.read_metadata(path, typed=True)`` turns back into ints, floats and bools.
+    TransformerEngine's pickled ``_extra_state`` entries, and objects that are neither
+    tensors nor plain values, are refused (extra_state="error") or left out with a warning
+    (extra_state="skip"): pass FP8 state as `scaling_state` instead, so that nothing
+    executable or device-bound lands in the file. A state of which nothing would be stored is
+    refused. CUDA tensors of the current device are read in place on torch's current stream
     (tensorferry.save_file); they may be reused once this returns.
     """
-    tensors = _tensors(state_dict, extra_state)
+    tensors, metadata = _tensors(state_dict, extra_state, metadata)
     _tf.save_file(tensors, path, metadata=metadata, encoding=encoding, zstd_level=zstd_level,
                   durable=durable, scaling_state=scaling_state)
 
@@ -68,30 +74,50 @@ def save_state_dict_async(state_dict, path, *, metadata=None, scaling_state=None
     every tensor is snapshotted into host memory; the parameters may then be updated while the
     file is written, fsynced and renamed into place in the background. `staging`: see
     tensorferry.save_file_async."""
-    tensors = _tensors(state_dict, extra_state)
+    tensors, metadata = _tensors(state_dict, extra_state, metadata)
     return _tf.save_file_async(tensors, path, metadata=metadata, encoding=encoding,
                                zstd_level=zstd_level, durable=durable,
                                scaling_state=scaling_state, staging=staging)
 
 
-def _tensors(state_dict, extra_state):
+def _tensors(state_dict, extra_state, metadata):
+    """(tensors, metadata) to save: the state flattened (tensorferry._state), its plain values
+    merged into `metadata`."""
     if isinstance(state_dict, _torch.nn.Module):
         state_dict = state_dict.state_dict()
     if extra_state not in ("error", "skip"):
         raise ValueError("tensorferry: extra_state must be 'error' or 'skip'")
-    tensors = {}
-    for name, value in state_dict.items():
-        is_extra = name.endswith("_extra_state")
-        if is_extra or not isinstance(value, _torch.Tensor):
-            if extra_state == "skip":
-                continue
-            raise TypeError(
-                "tensorferry: state_dict entry %r is %s; only tensors are stored (FP8 state "
-                "goes in scaling_state=..., never pickled). Pass extra_state='skip' to drop "
-                "such entries." % (name, "pickled extra state" if is_extra else
-                                   type(value).__name__))
-        tensors[name] = value
-    return tensors
+
+    def pickled_extra_state(name, value):
+        if name != "_extra_state" and not name.endswith("._extra_state"):
+            return False
+        if extra_state == "skip":
+            return True
+        raise TypeError("tensorferry: state_dict entry %r is pickled extra state; FP8 state "
+                        "goes in scaling_state=..., never pickled" % name)
+
+    try:
+        tensors, values, dropped = _state.flatten(
+            state_dict, lambda v: isinstance(v, _torch.Tensor), set_aside=pickled_extra_state,
+            skip_others=extra_state == "skip")
+    except TypeError as e:
+        raise TypeError("%s. Pass extra_state='skip' to leave such entries out." % e) from None
+    if dropped:
+        import warnings
+
+        warnings.warn("tensorferry: left out of the checkpoint (extra_state='skip'): %s"
+                      % ", ".join(dropped), stacklevel=3)
+    if not tensors and not values and dropped:
+        # Following the hint must not write an empty checkpoint in place of the state.
+        raise ValueError("tensorferry: nothing of the state would be stored: every entry (%s) "
+                         "was left out" % ", ".join(dropped))
+    merged = dict(metadata or {})
+    for key, text in values.items():
+        if key in merged and merged[key] != text:
+            raise ValueError("tensorferry: metadata %r is also a value of the state (%r)"
+                             % (key, text))
+        merged[key] = text
+    return tensors, merged or metadata
 
 
 def load_state_dict(path, *, device=None, module=None, strict=True):
@@ -183,10 +209,13 @@ def save(tensors, metadata=None, **options):
     return _tf._save_bytes(tensors, metadata, **options)
 
 
-def load_file(filename, device="cpu"):
+def load_file(filename, device="cpu", *, verify=False, threads=0):
     """Every tensor of `filename` as a torch tensor on `device`: "cpu", "cuda" (the current
-    device), "cuda:N", an int N or a torch.device."""
-    return _tf.load_file(filename, device=device, framework="pt")
+    device), "cuda:N", an int N or a torch.device. On the CPU raw tensors view a private
+    copy-on-write mapping of the file, as safetensors' do (see tensorferry.load_file).
+    `verify`: check every block's checksum first (DataLossError naming the tensor and block).
+    `threads`: the library's host workers (0: its default)."""
+    return _tf.load_file(filename, device=device, framework="pt", verify=verify, threads=threads)
 
 
 def load(data):
@@ -242,7 +271,7 @@ def _direct_target(tensor, info):
             and tensor.device.type in ("cpu", "cuda"))
 
 
-def load_model(model, filename, strict=True, device=None):
+def load_model(model, filename, strict=True, device=None, *, verify=False):
     """Loads `filename` into `model`'s own tensors and returns (missing, unexpected): names
     of the model the file lacks, and names in the file the model does not use.
 
@@ -251,10 +280,14 @@ def load_model(model, filename, strict=True, device=None):
     touched); tensors whose dtype, shape or layout differ go through
     ``model.load_state_dict`` and get its conversions and size checks. With `strict`, missing
     or unexpected names raise RuntimeError (the message safetensors gives) after the load.
-    `device` is accepted for safetensors compatibility and not used.
+    `device` is accepted for safetensors compatibility and not used. `verify`: check every
+    block's checksum before anything is loaded into the model (DataLossError naming the tensor
+    and block; the model is then untouched).
     """
     state = model.state_dict()
     with _tf.Reader(filename) as reader:
+        if verify:
+            reader.verify()
         file_names = reader.keys()
         dropped = _duplicate_names(state, preferred=file_names)
         direct = {}

@@ -12,11 +12,6 @@ namespace ferry::torch_import {
 
 namespace {
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Metadata in key order. The caller's entries win over the checkpoint's (a value in the
 // pickle named like one of them must not stand in for it), then the first of repeated keys.
 std::vector<std::pair<std::string, std::string>> Metadata(const TorchCheckpoint& ck,
@@ -82,19 +77,23 @@ Status ToSafetensors(const TorchCheckpoint& ck, const std::string& out,
 
 Status WriteImported(const TorchCheckpoint& ck, const std::string& out,
                      const ImportWriteOptions& options) {
-  return EndsWith(out, ".safetensors") ? ToSafetensors(ck, out, options)
-                                       : ToFerry(ck, out, options);
+  FERRY_ASSIGN_OR_RETURN(OutputFormat format, ChooseOutputFormat(out, options.to));
+  return format == OutputFormat::kSafetensors ? ToSafetensors(ck, out, options)
+                                              : ToFerry(ck, out, options);
 }
 
 Status ConvertCheckpoint(const std::string& in, const std::string& out,
-                         const WriterOptions& options) {
+                         const WriterOptions& options, std::string_view to) {
+  // Before anything is read: a name that says no format is the caller's mistake.
+  FERRY_ASSIGN_OR_RETURN(OutputFormat format, ChooseOutputFormat(out, to));
   if (TorchCheckpoint::Recognises(in)) {
     FERRY_ASSIGN_OR_RETURN(auto ck, TorchCheckpoint::Open(in));
     ImportWriteOptions o;
     o.writer = options;
+    o.to = std::string(to);
     return WriteImported(*ck, out, o);
   }
-  if (EndsWith(out, ".safetensors")) {
+  if (format == OutputFormat::kSafetensors) {
     return Error(StatusCode::kUnimplemented, in,
                  ": writing safetensors from this input is `ferry convert`'s job");
   }

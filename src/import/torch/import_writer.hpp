@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -22,17 +23,19 @@ struct ImportWriteOptions {
   std::vector<std::pair<std::string, std::string>> extra_metadata;
   // Called with each piece of tensor bytes written (progress display); may be empty.
   std::function<void(uint64_t)> progress;
+  // The output format, as ChooseOutputFormat takes it ("": by the extension of `out`).
+  std::string to;
 };
 
-// `out` ending in ".safetensors" writes safetensors; anything else a TensorFerry checkpoint.
-// Atomic: `out` is replaced only on success.
+// Writes the format ChooseOutputFormat(out, options.to) picks (an unknown extension is
+// refused). Atomic: `out` is replaced only on success.
 Status WriteImported(const TorchCheckpoint& ck, const std::string& out,
                      const ImportWriteOptions& options);
 
 // The C API's ferry_convert: a PyTorch input (TorchCheckpoint::Recognises) through
 // WriteImported; a safetensors or TensorFerry input copied into a TensorFerry checkpoint.
 Status ConvertCheckpoint(const std::string& in, const std::string& out,
-                         const WriterOptions& options);
+                         const WriterOptions& options, std::string_view to = {});
 
 }  // namespace ferry::torch_import
 
