@@ -2,8 +2,8 @@
 # Builds TensorFerry under sanitizers and runs the tests; no GPU needed (CUDA is off).
 #   1. ASan + UBSan (preset "asan", build-asan): the whole ctest suite. Every report is fatal.
 #   2. TSan (preset "tsan", build-tsan): the multithreaded tests: the loader's host pipeline,
-#      the writer's block pipeline and staging pool, and the concurrent-reader and
-#      truncation-race tests.
+#      the writer's block pipeline and staging pool, the concurrent-reader and
+#      truncation-race tests, and the remote sources and S3 sink against their test servers.
 # Exits non-zero on the first failure.
 #   tests/run_sanitizers.sh [asan|tsan|all]     (default: all)
 set -euo pipefail
@@ -33,7 +33,8 @@ run_asan() {
 run_tsan() {
   section "TSan: configure and build"
   cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j "$JOBS" --target loader_test fault_test format_test save_test
+  cmake --build build-tsan -j "$JOBS" --target loader_test fault_test format_test save_test \
+    remote_test
   section "TSan: multithreaded tests"
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/tsan.supp"
   build-tsan/tests/loader_test --gtest_filter='LoaderTest.*'
@@ -43,6 +44,9 @@ run_tsan() {
   build-tsan/tests/format_test
   # The writer's block pipeline: encode workers, in-order writes, staging pool, progress calls.
   build-tsan/tests/save_test --gtest_filter='SaveTest.*:StagingPoolTest.*'
+  # Remote sources and the S3 sink: the libcurl thread, concurrent readers, the upload thread
+  # (the binary starts its own servers; the forking test is left out).
+  build-tsan/tests/remote_test --gtest_filter='-S3SinkTest.AKilledSaveLeavesThePreviousObject'
 }
 
 start=$SECONDS

@@ -1,8 +1,8 @@
 // Status, dtype and version helpers shared by every layer.
 #include <cstring>
 
-#include "ferry/ferry.hpp"
 #include "base/util.hpp"
+#include "ferry/ferry.hpp"
 
 namespace ferry {
 
@@ -35,10 +35,11 @@ std::string Status::ToString() const {
   return StrCat(StatusCodeName(code_), ": ", message_);
 }
 
-std::string Quote(std::string_view name) {
-  std::string out = "'";
-  for (unsigned char c : name) {
-    if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\') {
+std::string EscapeBytes(std::string_view text, std::string_view also) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == 0x7f || also.find(static_cast<char>(c)) != std::string_view::npos) {
       static const char kHex[] = "0123456789abcdef";
       out += "\\x";
       out += kHex[c >> 4];
@@ -47,9 +48,10 @@ std::string Quote(std::string_view name) {
       out += static_cast<char>(c);
     }
   }
-  out += "'";
   return out;
 }
+
+std::string Quote(std::string_view name) { return "'" + EscapeBytes(name, "'\\") + "'"; }
 
 std::string ErrnoText(int err) {
   char buf[256];

@@ -23,6 +23,10 @@ Status Error(StatusCode code, const Args&... args) {
   return Status(code, StrCat(args...));
 }
 
+// Control bytes (< 0x20, 0x7f) and the bytes in `also` as \xNN, so a hostile name or URL
+// cannot forge log lines.
+std::string EscapeBytes(std::string_view text, std::string_view also = {});
+
 // Quotes a tensor name for messages, escaping control bytes so a hostile name cannot forge
 // log lines.
 std::string Quote(std::string_view name);

@@ -186,18 +186,6 @@ bool IsRemoteName(const std::string& path_or_url) {
          StartsWithNoCase(path_or_url, "s3://");
 }
 
-std::string PrintableUrl(const std::string& url) {
-  std::string out = url.substr(0, url.find_first_of("?#"));
-  const size_t scheme = out.find("://");
-  if (scheme != std::string::npos) {
-    const size_t host = scheme + 3;
-    const size_t slash = out.find('/', host);
-    const size_t at = out.rfind('@', slash == std::string::npos ? out.size() : slash);
-    if (at != std::string::npos && at >= host) out.erase(host, at + 1 - host);
-  }
-  return out;
-}
-
 Result<std::shared_ptr<ByteSource>> OpenSource(const std::string& path_or_url,
                                                const SourceOptions& options) {
   if (IsRemoteName(path_or_url)) return OpenRemoteSource(path_or_url, options);

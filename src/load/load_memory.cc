@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "cuda/cuda_util.hpp"
 #include "base/util.hpp"
+#include "cuda/cuda_util.hpp"
 
 namespace ferry {
 
