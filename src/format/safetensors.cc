@@ -381,10 +381,25 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   if (path.empty()) return Error(StatusCode::kInvalidArgument, "empty safetensors path");
   // ordered_json keeps "__metadata__" first and the tensors in data order, as the
   // safetensors library writes them.
+  // What ParseSafetensors refuses is never written: a file this library cannot read back.
+  auto unreadable = [](std::string_view key) -> std::string {
+    if (key.size() > format::kMaxNameBytes) {
+      return StrCat("is ", key.size(), " bytes (limit ", format::kMaxNameBytes, ")");
+    }
+    if (key.find('\0') != std::string_view::npos) return "contains a NUL byte";
+    return {};
+  };
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json md = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) md[k] = v;
+    for (const auto& [k, v] : metadata) {
+      const std::string why = k.empty() ? "is empty" : unreadable(k);
+      if (!why.empty()) {
+        return Error(StatusCode::kInvalidArgument, path, ": metadata key ", Quote(k.substr(0, 256)),
+                     " ", why, "; safetensors cannot hold it");
+      }
+      md[k] = v;
+    }
     header["__metadata__"] = std::move(md);
   }
   std::set<std::string_view> names;
@@ -393,6 +408,10 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
     if (e.name.empty() || e.name == "__metadata__" || !names.insert(e.name).second) {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(e.name),
                    " is empty, reserved or a duplicate");
+    }
+    if (const std::string why = unreadable(e.name); !why.empty()) {
+      return Error(StatusCode::kInvalidArgument, path, ": tensor name ",
+                   Quote(e.name.substr(0, 256)), " ", why, "; safetensors cannot hold it");
     }
     const char* dname = SafetensorsDTypeName(e.dtype);
     if (dname == nullptr) {

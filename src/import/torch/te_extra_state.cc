@@ -39,10 +39,11 @@ Result<Fp8Format> ReadFormat(const Value* v, const std::string& where) {
   if (v != nullptr && v->is(Kind::kStr)) {
     if (auto f = format::Fp8FormatNamed(v->s)) return *f;
   }
-  if (v != nullptr && v->is(Kind::kObject) && v->ShortClass() == "Format" && v->items.size() == 1) {
-    const Value* h = v->items[0];
-    if ((h->is(Kind::kObject) || h->is(Kind::kTuple)) && h->items.size() >= 2) {
-      auto fwd = Number(h->items[0]), bwd = Number(h->items[1]);
+  if (v != nullptr && v->is(Kind::kObject) && v->ShortClass() == "Format" &&
+      v->Elements().size() == 1) {
+    const Value* h = v->Elements()[0];
+    if ((h->is(Kind::kObject) || h->is(Kind::kTuple)) && h->Elements().size() >= 2) {
+      auto fwd = Number(h->Elements()[0]), bwd = Number(h->Elements()[1]);
       if (fwd && bwd) {
         if (*fwd == 448 && *bwd == 448) return Fp8Format::kE4M3;
         if (*fwd == 57344 && *bwd == 57344) return Fp8Format::kE5M2;
@@ -108,7 +109,8 @@ Result<Recipe> ReadRecipe(const Value* r, const std::string& where) {
 }
 
 // The float32 values of a tensor of the extra state.
-Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const std::string& what) {
+Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const std::string& what,
+                                  WalkBudget* budget) {
   if (v == nullptr || !v->is(Kind::kTensor)) {
     return Error(StatusCode::kDataLoss, what, " is not a tensor");
   }
@@ -116,6 +118,7 @@ Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const 
   if (t.dtype.name != "float32") {
     return Error(StatusCode::kUnimplemented, what, " is torch.", t.dtype.name, ", not float32");
   }
+  if (!budget->Take(TensorBytes(t))) return budget->Exhausted(what);
   std::vector<float> out(TensorBytes(t) / 4);
   FERRY_RETURN_IF_ERROR(
       CopyTensorBytes(t, 0, reinterpret_cast<uint8_t*>(out.data()), out.size() * 4, mapping, what));
@@ -123,12 +126,15 @@ Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const 
 }
 
 Result<DirectionState> ReadDirection(const Value* dict, bool forward, int32_t num_gemms,
-                                     const Mapping* mapping, const std::string& where) {
+                                     const Mapping* mapping, const std::string& where,
+                                     WalkBudget* budget) {
   const char* sfx = forward ? "fwd" : "bwd";
   const Value* scale_v = dict->Get(StrCat("scale_", sfx));
   const Value* hist_v = dict->Get(StrCat("amax_history_", sfx));
-  FERRY_ASSIGN_OR_RETURN(auto scale, Floats(scale_v, mapping, StrCat(where, ": scale_", sfx)));
-  FERRY_ASSIGN_OR_RETURN(auto hist, Floats(hist_v, mapping, StrCat(where, ": amax_history_", sfx)));
+  FERRY_ASSIGN_OR_RETURN(auto scale,
+                         Floats(scale_v, mapping, StrCat(where, ": scale_", sfx), budget));
+  FERRY_ASSIGN_OR_RETURN(auto hist,
+                         Floats(hist_v, mapping, StrCat(where, ": amax_history_", sfx), budget));
   const TensorRef& h = *hist_v->tensor;
   const size_t s = scale.size();
   const int per = forward ? 3 : 2;
@@ -157,9 +163,18 @@ Result<DirectionState> ReadDirection(const Value* dict, bool forward, int32_t nu
   return d;
 }
 
-// Plain values of extra_fp8_variables as JSON; nullopt for anything else.
-std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
+// Plain values of extra_fp8_variables as JSON; nullopt for anything else, and when `budget`
+// runs out (then *exhausted is set): a list holding the same list twice, nested, is
+// exponentially many nodes.
+std::optional<nlohmann::json> PlainJson(const Value* v, int depth, WalkBudget* budget,
+                                        bool* exhausted) {
   if (depth > 8) return std::nullopt;
+  // A node costs about what it occupies: the json value, its slot in the parent and, for a
+  // list, the vector behind it (64 bytes).
+  if (!budget->Take(64 + (v->is_str() ? v->s.size() : 0))) {
+    *exhausted = true;
+    return std::nullopt;
+  }
   switch (v->kind) {
     case Kind::kNone:
       return nlohmann::json(nullptr);
@@ -176,7 +191,7 @@ std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
     case Kind::kList: {
       nlohmann::json a = nlohmann::json::array();
       for (const Value* x : v->items) {
-        auto j = PlainJson(x, depth + 1);
+        auto j = PlainJson(x, depth + 1, budget, exhausted);
         if (!j) return std::nullopt;
         a.push_back(*j);
       }
@@ -191,7 +206,8 @@ std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
 
 Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::string& module,
                                       const Mapping* mapping, const std::string& where,
-                                      std::vector<std::pair<std::string, std::string>>* metadata) {
+                                      std::vector<std::pair<std::string, std::string>>* metadata,
+                                      WalkBudget* budget) {
   ScalingState out;
   out.module = module;
   // Unwrap the container forms down to the dict (or None).
@@ -203,6 +219,7 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
     }
     uint64_t n = TensorBytes(t);
     if (n == 0) return out;  // a module with no FP8 state
+    if (!budget->Take(n)) return budget->Exhausted(where);
     Value* bytes = heap->New(Kind::kBytes);
     bytes->s.resize(n);
     FERRY_RETURN_IF_ERROR(
@@ -220,6 +237,7 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
       return Error(StatusCode::kDataLoss, where, ": io.BytesIO extra state without its bytes");
     }
     const std::string& b = st->items[0]->s;
+    if (!budget->Take(b.size())) return budget->Exhausted(where);
     FERRY_ASSIGN_OR_RETURN(v, LoadTorchZip(heap, reinterpret_cast<const uint8_t*>(b.data()),
                                            b.size(), StrCat(where, " (io.BytesIO extra state)")));
     mapping = nullptr;
@@ -250,20 +268,25 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
       num_gemms = static_cast<int32_t>(n->i);
     }
     nlohmann::json j = nlohmann::json::object();
+    bool exhausted = false;
     for (const auto& [k, x] : extra->dict) {
       if (!k->is_str()) continue;
-      if (auto pj = PlainJson(x, 0)) j[k->s] = *pj;
+      if (!budget->Take(k->s.size())) return budget->Exhausted(where);
+      if (auto pj = PlainJson(x, 0, budget, &exhausted)) j[k->s] = *pj;
+      if (exhausted) return budget->Exhausted(where);
     }
-    if (!j.empty())
-      metadata->emplace_back(kExtraVariablesKeyPrefix + module,
-                             j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!j.empty()) {
+      std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      if (!budget->Take(text.size())) return budget->Exhausted(where);
+      metadata->emplace_back(kExtraVariablesKeyPrefix + module, std::move(text));
+    }
   }
   if (v->Get("scale_fwd") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, true, num_gemms, mapping, where));
+    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, true, num_gemms, mapping, where, budget));
     out.states.push_back(std::move(d));
   }
   if (v->Get("scale_bwd") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, false, num_gemms, mapping, where));
+    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, false, num_gemms, mapping, where, budget));
     out.states.push_back(std::move(d));
   }
   return out;
