@@ -117,6 +117,20 @@ TEST(PlanesTest, IncompressibleBlocksAreNotEncoded) {
   EXPECT_TRUE(EncodeOrDie(tiny, 2, 0.0).empty());
 }
 
+// Writers reuse their output buffers: what a buffer held before must not reach the block.
+TEST(PlanesTest, EncodingDoesNotDependOnTheOutputBuffersOldBytes) {
+  for (size_t width : {2, 4, 8}) {
+    std::vector<uint8_t> raw = NormalWeights(kUnit * width * 2 + 3 * width + 1, width, 0.02f, 9);
+    std::vector<uint8_t> scratch(raw.size());
+    std::vector<uint8_t> zeros(planes::Bound(raw.size()), 0), junk(zeros.size(), 0xEE);
+    size_t a = planes::Encode(raw.data(), raw.size(), width, zeros.data(), scratch.data(), -1);
+    size_t b = planes::Encode(raw.data(), raw.size(), width, junk.data(), scratch.data(), -1);
+    ASSERT_GT(a, 0u);
+    ASSERT_EQ(a, b);
+    EXPECT_EQ(std::memcmp(zeros.data(), junk.data(), a), 0) << "width " << width;
+  }
+}
+
 TEST(PlanesTest, ConstantPlaneUsesOneBitCodes) {
   std::vector<uint8_t> raw(kUnit * 2 * 3, 0);
   for (size_t i = 0; i < raw.size(); i += 2) raw[i] = static_cast<uint8_t>(i * 13);

@@ -15,7 +15,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <thread>
 
 #include "base/fp8.hpp"
 #include "base/util.hpp"
@@ -420,10 +419,7 @@ class HostCeiling {
       }
     };
     double t0 = Now();
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-    work(0);
-    for (auto& t : pool) t.join();
+    RunParts(threads, work);
     double secs = Now() - t0;
     if (error.failed()) return error.Get();
     if (stride != 1) return secs;
@@ -591,10 +587,7 @@ int RunBench(const BenchOptions& options) {
           : options.io == "direct"   ? IoMode::kDirect
                                      : IoMode::kAuto;
   lo.verify = options.verify;
-  int threads =
-      options.threads > 0
-          ? options.threads
-          : static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  int threads = options.threads > 0 ? options.threads : DefaultThreads(8);
 
 #ifdef FERRY_HAVE_CUDA
   if (options.device >= 0) {

@@ -11,10 +11,10 @@
 #include <random>
 #include <set>
 
+#include "base/util.hpp"
 #include "format/block_source.hpp"
 #include "format/checkpoint_index.hpp"
 #include "io/io.hpp"
-#include "base/util.hpp"
 
 namespace ferry {
 
