@@ -29,11 +29,13 @@ struct LoaderTuning {
   bool planes_on_host = false;
 };
 
-// Seconds from the start of the last device load (Loader::LoadAsync or the device part of
-// Load) to the end of each step; 0 for steps the load did not have.
+// Seconds from the start of the last load (Loader::LoadAsync or the device part of Load;
+// LoadToHost) to the end of each step; 0 for steps the load did not have.
 struct LoadPhases {
   double prepared = 0;      // pinned ring and events
-  double planned = 0;       // requests resolved, destination memory allocated, pieces routed
+  double resolved = 0;      // requests resolved against the index, in file order
+  double allocated = 0;     // destination memory allocated (the caller's allocator, or ours)
+  double planned = 0;       // pieces cut and routed
   double planes_ready = 0;  // PLANES stage prepared (device slots, kernel) and started
   double first_fill = 0;    // the first staging slot filled by a worker
   double first_decode = 0;  // the first PLANES decode launch enqueued
