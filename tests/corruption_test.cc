@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -796,6 +797,45 @@ TEST_F(CorruptionTest, ZstdChunkDecodesToWrongSize) {
                 StatusCode::kDataLoss);
     }
   }
+}
+
+// A footer of several MiB is read in slices on parallel threads and hashed while its tables
+// are checked: the table it yields is the whole footer's, and a damaged footer is reported as
+// a checksum mismatch even where its structure is broken too.
+TEST_F(CorruptionTest, LargeFootersReadInSlicesAndCheckedWhole) {
+  FileSpec spec;
+  spec.data.assign(64, 0);
+  const int count = 30000;
+  for (int i = 0; i < count; ++i) {
+    char name[40];
+    std::snprintf(name, sizeof(name), "%06d.", i);
+    TensorSpec t{name + std::string(120, 'w'),
+                 static_cast<uint8_t>(DType::kF16),
+                 std::vector<int64_t>{0, 4},
+                 0,
+                 0,
+                 0};
+    t.block_size = 0;
+    spec.tensors.push_back(t);
+  }
+  auto good = Assemble(spec);
+  FooterSpan f = FooterOf(good);
+  ASSERT_GT(f.size, uint64_t{4} << 20);  // read in slices, hashed beside the parse
+  auto r = OpenBytes(good);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ((*r)->num_tensors(), static_cast<size_t>(count));
+  EXPECT_EQ((*r)->tensor(count - 1).name, spec.tensors.back().name);
+  EXPECT_TRUE((*r)->Find(spec.tensors[count / 2].name).ok());
+  const std::string mismatch =
+      "footer checksum mismatch (footer at offset " + std::to_string(f.offset);
+  // A name's byte in the last slice: well formed, but not the footer that was written.
+  auto bytes = good;
+  bytes[f.offset + f.size - 64] ^= 1;
+  ExpectRejected(bytes, mismatch);
+  // The root offset: the structure is broken as well.
+  bytes = good;
+  bytes[f.offset] ^= 0x40;
+  ExpectRejected(bytes, mismatch);
 }
 
 // ---- the trailer --------------------------------------------------------------------
