@@ -159,7 +159,9 @@ def run_child(mode, path):
 
 def report(label, path, runs, firsts, notes, failure):
     if failure:
-        print("%-16s %s: child failed: %s" % (label, path, failure))
+        # The row names the exception (the last line); the child's output follows it.
+        print("%-16s %s: child failed: %s" % (label, path, failure.splitlines()[-1]))
+        print("    " + failure.replace("\n", "\n    "))
     if runs:
         gbps = [r["bytes"] / r["seconds"] / 1e9 for r in runs]
         print("%-16s %s, %d tensors, %.2f GB: median %.1f GB/s (runs: %s)%s%s" % (
