@@ -418,6 +418,7 @@ LoaderTuning TuningOf(const Spec& spec) {
   t.planes_prewarm = spec.Int("prewarm", t.planes_prewarm ? 1 : 0) != 0;
   t.planes_verify_each_group = spec.Int("verifygroup", 0) != 0;
   t.planes_on_host = spec.Int("host", 0) != 0;
+  t.arena_cuda_malloc = spec.Int("arena_malloc", 0) != 0;
   const std::string read = spec.Get("read", "auto");
   t.planes_read = read == "pread" ? LoaderTuning::PlanesRead::kRead
                   : read == "map" ? LoaderTuning::PlanesRead::kMapping
@@ -794,6 +795,7 @@ const char* kMoeGpuCases[] = {
     "loader_noverify:kind=loader,verify=0",
     "loader_one:kind=loader,alloc=one",
     "loader_async_one:kind=loader,alloc=async_one",
+    "loader_arena_malloc:kind=loader,arena_malloc=1",
     "loader_noverify_one:kind=loader,verify=0,alloc=one",
     "loader_t8:kind=loader,threads=8",
     "loader_t12:kind=loader,threads=12",

@@ -85,11 +85,19 @@ uint64_t ArenaLayout(const LoadPlan& plan, std::vector<uint64_t>* offsets) {
 
 Status AllocateDevice(const BlockSource& source, LoadPlan& plan, cudaStream_t stream,
                       const DeviceAllocator* alloc, CUcontext ctx, int device,
-                      std::vector<LoadedTensor>* out) {
+                      std::vector<LoadedTensor>* out, bool arena_cuda_malloc) {
   std::vector<uint64_t> arena_off;
   const uint64_t arena_bytes = alloc == nullptr ? ArenaLayout(plan, &arena_off) : 0;
   std::shared_ptr<void> arena;
-  if (arena_bytes > 0) {
+  if (arena_bytes > 0 && arena_cuda_malloc) {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, arena_bytes);
+    if (err != cudaSuccess) return CudaStatus(err, source.path(), "cudaMalloc");
+    arena = std::shared_ptr<void>(p, [ctx](void* q) {
+      ScopedContext scope(ctx);
+      cudaFree(q);
+    });
+  } else if (arena_bytes > 0) {
     FERRY_ASSIGN_OR_RETURN(arena,
                            AllocateDeviceMemory(arena_bytes, stream, nullptr, ctx, source.path()));
   }

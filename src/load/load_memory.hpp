@@ -24,10 +24,11 @@ Status AllocateHost(const BlockSource& source, LoadPlan& plan, std::vector<Loade
 // As AllocateHost, on device `device` in stream order on `stream`: through `alloc` when given,
 // else cudaMallocAsync. Sets each request's alloc_id (requests sharing one allocation share
 // it). Memory is freed on `stream` with context `ctx` current, from whichever thread drops the
-// last owner.
+// last owner. `arena_cuda_malloc`: the one allocation of a load without `alloc` from
+// cudaMalloc instead (LoaderTuning::arena_cuda_malloc).
 Status AllocateDevice(const BlockSource& source, LoadPlan& plan, cudaStream_t stream,
                       const DeviceAllocator* alloc, CUcontext ctx, int device,
-                      std::vector<LoadedTensor>* out);
+                      std::vector<LoadedTensor>* out, bool arena_cuda_malloc = false);
 #endif
 
 }  // namespace ferry

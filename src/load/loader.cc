@@ -495,7 +495,8 @@ class Loader::Impl {
     phases.resolved = SecondsSince(t0);
     auto t_alloc = std::chrono::steady_clock::now();
     std::vector<LoadedTensor> out;
-    FERRY_RETURN_IF_ERROR(AllocateDevice(source, plan, cstream, alloc, current, dev, &out));
+    FERRY_RETURN_IF_ERROR(
+        AllocateDevice(source, plan, cstream, alloc, current, dev, &out, tuning.arena_cuda_malloc));
     const double allocation = SecondsSince(t_alloc);
     phases.allocated = SecondsSince(t0);
     t_plan = std::chrono::steady_clock::now();

@@ -27,6 +27,12 @@ struct LoaderTuning {
   PlanesRead planes_read = PlanesRead::kAuto;
   // Decode PLANES blocks on the CPU, as streaming loads do.
   bool planes_on_host = false;
+  // ---- destination memory ----
+  // The one allocation of a default load from cudaMalloc (freed by cudaFree, which waits for
+  // the device) instead of cudaMallocAsync on the caller's stream: which of the two a
+  // fresh-process load of thousands of tensors runs faster behind is measured on the device
+  // (oneshot_bench's loader_arena_malloc case), not known.
+  bool arena_cuda_malloc = false;
 };
 
 // Seconds from the start of the last load (Loader::LoadAsync or the device part of Load;

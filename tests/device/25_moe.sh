@@ -77,6 +77,8 @@ cleanup
 
 LOADER_CASES="ceiling:kind=ceiling;loader:kind=loader;loader_noverify:kind=loader,verify=0"
 LOADER_CASES="$LOADER_CASES;loader_one:kind=loader,alloc=one"
+# What the default's one allocation should come from: cudaMallocAsync (the default), cudaMalloc.
+LOADER_CASES="$LOADER_CASES;loader_arena_malloc:kind=loader,arena_malloc=1"
 
 # ---- 1. MoE 12 layers, C++ ----------------------------------------------------------------
 step moe12_cpp moe12_cpp.txt 110 "$ONESHOT" --shape=moe --layers="$LAYERS" --reps=2 --no_host \
