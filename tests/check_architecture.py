@@ -9,6 +9,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_layers import layers as readme_rules  # noqa: E402  (one reader of the READMEs)
+
 MAX_LINES = 900
 NAMED = (".cc", ".cu")
 SOURCES = (".cc", ".cu", ".hpp", ".h", ".cuh")
@@ -16,20 +19,6 @@ SOURCES = (".cc", ".cu", ".hpp", ".h", ".cuh")
 PATH = re.compile(r"(?<![\w/.-])((?:[a-z_]+/)+[a-z_0-9]+\.(?:cc|cu))(?![\w])")
 # A row of the include table: | `folder/` | list |, several folders allowed in the first cell.
 ROW = re.compile(r"^\|((?:\s*`[a-z_/]+/`,?)+)\s*\|([^|]*)\|\s*$", re.M)
-
-
-def readme_rules(src):
-    """{folder: set of folders it may include}, as check_layers.py reads the READMEs."""
-    out = {}
-    for dirpath, _, files in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        if "README.md" not in files or rel == ".":
-            continue
-        with open(os.path.join(dirpath, "README.md"), encoding="utf-8") as f:
-            m = re.search(r"^May include:\s*(.*)$", f.read(), re.M)
-        words = [w.strip() for w in m.group(1).split(",")] if m else []
-        out[rel] = {w for w in words if w and not w.startswith("(")}
-    return out
 
 
 def doc_rules(doc):
