@@ -4,6 +4,7 @@
 #define FERRY_SRC_FORMAT_FOOTER_HPP_
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -11,6 +12,14 @@
 #include "ferry_generated.h"
 
 namespace ferry {
+
+// A little-endian u64 at any alignment (the format is little-endian, as is every platform
+// this builds for).
+inline uint64_t LoadU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
 inline std::string_view Sv(const flatbuffers::String* s) {
   return s == nullptr ? std::string_view() : std::string_view(s->data(), s->size());
