@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tensorferry as tf
+from corrupt import flip_data_byte
 import tensorferry.numpy  # noqa: F401  (tf.numpy)
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -372,21 +373,10 @@ def test_library_and_version():
     assert isinstance(tf.cuda_available(), bool)
 
 
-def _corrupt(path, name, at):
-    """Flips byte `at` of tensor `name`'s stored data (not the footer) in place."""
-    with tf.Reader(path) as r:
-        offset = r.info(name).data_offset
-    with open(path, "r+b") as f:
-        f.seek(offset + at)
-        b = f.read(1)
-        f.seek(offset + at)
-        f.write(bytes([b[0] ^ 0x20]))
-
-
 def test_loads_verify_by_default(path):
     w = np.arange(4096 * 3, dtype=np.float32).reshape(3, 4096)
     tf.save_file({"w": w, "other": np.ones(7, np.int16)}, path)
-    _corrupt(path, "w", 4 * 4096 + 17)
+    flip_data_byte(path, "w", 4 * 4096 + 17)
     with pytest.raises(tf.DataLossError, match=r"tensor 'w': checksum mismatch in block 0"):
         tf.load_file(path)
     with pytest.raises(tf.DataLossError, match=r"tensor 'w'"):
@@ -417,6 +407,6 @@ def test_many_tensor_load_is_exact(path):
     assert got.keys() == arrays.keys()
     for k, v in arrays.items():
         assert_same(got[k], v)
-    _corrupt(path, "t.0599", 3)
+    flip_data_byte(path, "t.0599", 3)
     with pytest.raises(tf.DataLossError, match=r"tensor 't.0599'"):
         tf.load_file(path)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tensorferry as tf
+from corrupt import flip_data_byte
 
 torch = pytest.importorskip("torch")
 tft = pytest.importorskip("tensorferry.torch")
@@ -312,17 +313,6 @@ def test_load_iter_errors_and_early_exit(path, tmp_path):
         next(tf.load_iter(str(tmp_path / "missing.ferry"), device="cuda"))
 
 
-def _corrupt(path, name, at):
-    """Flips byte `at` of tensor `name`'s stored data (not the footer) in place."""
-    with tf.Reader(path) as r:
-        offset = r.info(name).data_offset
-    with open(path, "r+b") as f:
-        f.seek(offset + at)
-        b = f.read(1)
-        f.seek(offset + at)
-        f.write(bytes([b[0] ^ 0x20]))
-
-
 def _many(n=600):
     return {"t.%04d" % i: make(DTYPES[i % len(DTYPES)], (i % 5 + 1, 3)) for i in range(n)}
 
@@ -340,7 +330,7 @@ def test_many_tensors_cpu_views_exact(path):
 def test_cpu_loads_verify_by_default(path):
     tensors = _many(300)
     tft.save_file(tensors, path)
-    _corrupt(path, "t.0007", 1)
+    flip_data_byte(path, "t.0007", 1)
     for load in (lambda: tft.load_file(path), lambda: tft.load_state_dict(path, device="cpu"),
                  lambda: tf.load_file(path, framework="pt")):
         with pytest.raises(tf.DataLossError, match=r"tensor 't.0007': checksum mismatch"):
@@ -362,7 +352,7 @@ def test_many_tensors_cuda_views_exact(path):
 def test_cuda_loads_verify_by_default(path):
     tensors = _many(300)
     tft.save_file(tensors, path)
-    _corrupt(path, "t.0007", 1)
+    flip_data_byte(path, "t.0007", 1)
     with pytest.raises(tf.DataLossError, match=r"tensor 't.0007': checksum mismatch"):
         tft.load_file(path, device="cuda")
     with pytest.raises(tf.DataLossError, match=r"tensor 't.0007'"):
