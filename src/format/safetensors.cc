@@ -502,7 +502,7 @@ uint64_t SafetensorsWriter::header_bytes() const { return state_ ? state_->heade
 Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
   FERRY_ASSIGN_OR_RETURN(CheckpointIndex parsed, ReadCheckpointIndex(path));
   SafetensorsIndex index;
-  index.path = path;
+  index.path = parsed.path;
   for (size_t s = 0; s < parsed.shard_files.size(); ++s)
     index.shards.push_back(parsed.ShardPath(s));
   index.weight_map.reserve(parsed.weight_map.size());
