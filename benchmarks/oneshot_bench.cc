@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "ferry/loader.hpp"
+#include "load/loader_tuning.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -119,12 +120,14 @@ struct Extent {
   uint64_t offset, bytes;
 };
 
-std::vector<Extent> Extents(const Reader& r, uint64_t* total) {
+std::vector<Extent> Extents(const Reader& r, uint64_t* total, bool any_encoding = false) {
   std::vector<Extent> out;
   *total = 0;
   for (size_t i = 0; i < r.num_tensors(); ++i) {
     TensorInfo t = r.tensor(i);
-    if (t.encoding != Encoding::kRaw) Die("the probe handles raw tensors only");
+    if (t.encoding != Encoding::kRaw && !any_encoding) {
+      Die("the probe handles raw tensors only");
+    }
     out.push_back(Extent{t.data_offset, t.nbytes});
     *total += t.nbytes;
   }
@@ -303,7 +306,7 @@ void ChildCeiling(const Spec& spec, const std::string& path) {
   auto reader = Reader::Open(path);
   if (!reader.ok()) Die(reader.status().ToString());
   uint64_t bytes = 0;
-  Extents(**reader, &bytes);
+  Extents(**reader, &bytes, true);
   double t0 = Now();
   Cuda(cudaFree(nullptr), "context");
   res.t["ctx"] = Now() - t0;
@@ -339,9 +342,61 @@ void ChildCeiling(const Spec& spec, const std::string& path) {
   res.Print(spec, bytes);
 }
 
+// The last row of every eighth tensor on the device against the reader's (decoding) read of
+// it: catches a misplaced or corrupt copy of any encoding without a full host decode.
+std::string CheckRows(const Reader& r, const std::vector<LoadedTensor>& out) {
+  bool ok = true;
+  for (size_t i = 0; i < out.size(); i += std::max<size_t>(1, out.size() / 8)) {
+    const LoadedTensor& t = out[i];
+    if (t.nbytes == 0) continue;
+    const int64_t rows = t.info.shape.empty() ? 1 : t.info.shape[0];
+    const uint64_t row_bytes = t.nbytes / static_cast<uint64_t>(rows);
+    std::vector<uint8_t> want(row_bytes), got(row_bytes);
+    Status st = t.info.shape.empty()
+                    ? r.ReadInto(t.info.name, want.data(), want.size())
+                    : r.ReadRowsInto(t.info.name, rows - 1, rows, want.data(), want.size());
+    if (!st.ok()) Die(st.ToString());
+    Cuda(cudaMemcpy(got.data(), static_cast<const uint8_t*>(t.data) + t.nbytes - row_bytes,
+                    row_bytes, cudaMemcpyDeviceToHost),
+         "check copy");
+    ok = ok && want == got;
+  }
+  return ok ? "ok" : "MISMATCH";
+}
+
+// Keeps the GPU busy for `ms` milliseconds (memsets of a 256 MiB buffer), so that its clocks
+// are up when the load starts: what a load finds in a process that has used the GPU already.
+void SpinGpu(int ms) {
+  if (ms <= 0) return;
+  void* p = nullptr;
+  Cuda(cudaMalloc(&p, uint64_t{256} << 20), "spin buffer");
+  const double until = Now() + ms / 1e3;
+  while (Now() < until) {
+    for (int i = 0; i < 8; ++i) cudaMemsetAsync(p, i, uint64_t{256} << 20, nullptr);
+    Cuda(cudaStreamSynchronize(nullptr), "spin");
+  }
+  cudaFree(p);
+}
+
+// Internal knobs of the loader from the spec (planes_*: src/load/loader_tuning.hpp).
+LoaderTuning TuningOf(const Spec& spec) {
+  LoaderTuning t;
+  t.planes_group = spec.Int("group", t.planes_group);
+  t.planes_twin_factor = spec.Int("twins", t.planes_twin_factor);
+  t.planes_prewarm = spec.Int("prewarm", t.planes_prewarm ? 1 : 0) != 0;
+  t.planes_verify_each_group = spec.Int("verifygroup", 0) != 0;
+  t.planes_on_host = spec.Int("host", 0) != 0;
+  const std::string read = spec.Get("read", "auto");
+  t.planes_read = read == "pread" ? LoaderTuning::PlanesRead::kRead
+                  : read == "map" ? LoaderTuning::PlanesRead::kMapping
+                                  : LoaderTuning::PlanesRead::kAuto;
+  return t;
+}
+
 void ChildLoader(const Spec& spec, const std::string& path, double t_main) {
   Result_ res;
   Cuda(cudaFree(nullptr), "context");
+  SpinGpu(spec.Int("spin", 0));
   double t_ctx = Now();
   res.t["ctx"] = t_ctx - t_main;
   auto reader = Reader::Open(path);
@@ -350,13 +405,14 @@ void ChildLoader(const Spec& spec, const std::string& path, double t_main) {
   res.t["open"] = t_open - t_ctx;
   LoaderOptions o;
   o.threads = spec.Int("threads", 0);
+  o.verify = spec.Int("verify", 0) != 0;
   if (spec.Get("ring", "register") == "hostalloc") o.pinned_alloc = PinnedAlloc::kHostAlloc;
   auto loader = Loader::Create(o);
   if (!loader.ok()) Die(loader.status().ToString());
+  LoaderInternals::SetTuning(**loader, TuningOf(spec));
   std::vector<LoadRequest> reqs;
   uint64_t bytes = 0;
-  std::vector<Extent> ext = Extents(**reader, &bytes);
-  std::vector<uint8_t*> dst;
+  std::vector<Extent> ext = Extents(**reader, &bytes, true);
   double t_alloc = Now();
   if (spec.Get("alloc", "default") == "one") {
     // Same layout as AllocateDevice(one), in name order.
@@ -385,22 +441,42 @@ void ChildLoader(const Spec& spec, const std::string& path, double t_main) {
   auto on_ready = [&](const ReadyTensor& t) {
     if (t_first == 0 && t.tensor->nbytes > 0) t_first = Now();
   };
-  auto out = spec.Int("stream", 0) != 0 ? (*loader)->LoadStreaming(**reader, reqs, on_ready)
-                                        : (*loader)->Load(**reader, reqs);
+  const bool streaming = spec.Int("stream", 0) != 0;
+  auto load = [&] {
+    return streaming ? (*loader)->LoadStreaming(**reader, reqs, on_ready)
+                     : (*loader)->Load(**reader, reqs);
+  };
+  auto out = load();
   if (!out.ok()) Die(out.status().ToString());
   double t_end = Now();
   if (t_first > 0) res.t["first"] = t_first - t_ctx;
   res.t["copy"] = t_end - t_copy;  // ring set-up, default allocation and copies
   res.t["load"] = t_end - t_ctx;
   res.t["all"] = t_end - t_main;
-  // Check against the file in file order.
-  std::vector<std::pair<uint64_t, uint8_t*>> by_off;
-  for (const LoadedTensor& t : *out) {
-    by_off.push_back({t.info.data_offset, static_cast<uint8_t*>(t.data)});
+  // Where the first load's time went (seconds from the start of the call).
+  const LoadPhases ph = LoaderInternals::LastPhases(**loader);
+  res.t["p_prepared"] = ph.prepared;
+  res.t["p_planned"] = ph.planned;
+  res.t["p_planes"] = ph.planes_ready;
+  res.t["p_fill"] = ph.first_fill;
+  res.t["p_decode"] = ph.first_decode;
+  res.t["p_enqueued"] = ph.enqueued;
+  res.t["p_checked"] = ph.checked;
+  res.note = "check_" + CheckRows(**reader, *out);
+  // steady=N: N more loads by the same loader (its ring, device slots and the faulted-in
+  // mapping reused): the median is the steady state beside this process's first load.
+  std::vector<double> steady;
+  for (int r = 0; r < spec.Int("steady", 0); ++r) {
+    out = Result<std::vector<LoadedTensor>>(std::vector<LoadedTensor>{});  // frees the last
+    double a = Now();
+    out = load();
+    if (!out.ok()) Die(out.status().ToString());
+    steady.push_back(Now() - a);
   }
-  std::sort(by_off.begin(), by_off.end());
-  for (auto& [off, p] : by_off) dst.push_back(p);
-  res.note = "check_" + Check(path, ext, dst);
+  if (!steady.empty()) {
+    std::sort(steady.begin(), steady.end());
+    res.t["steady"] = steady[steady.size() / 2];
+  }
   res.Print(spec, bytes);
 }
 
@@ -875,12 +951,46 @@ void PrintTable(const std::string& dir, std::vector<Row>& rows, double ceiling_g
   std::fflush(stdout);
 }
 
+// Loader rows: the first load beside the steady state of the same process, and where the
+// first load's time went (ms from the start of the Load call; 0: the step did not occur).
+void PrintLoaderDetail(std::vector<Row>& rows, double ceiling_gbps) {
+  bool any = false;
+  for (Row& row : rows) {
+    for (auto& run : row.runs) any = any || run.count("p_enqueued") > 0;
+  }
+  if (!any) return;
+  std::printf("\n%-22s %7s %7s %6s | %7s %7s %7s %7s %7s %7s %7s  (first load: ms into Load)\n",
+              "loader case", "first", "steady", "st/ceil", "prep", "plan", "planes", "fill",
+              "decode", "enq", "check");
+  for (Row& row : rows) {
+    std::map<std::string, std::vector<double>> v;
+    for (auto& run : row.runs) {
+      if (!run.count("p_enqueued")) continue;
+      v["first"].push_back(row.bytes / run["load"] / 1e9);
+      if (run.count("steady")) v["steady"].push_back(row.bytes / run["steady"] / 1e9);
+      for (const char* k : {"p_prepared", "p_planned", "p_planes", "p_fill", "p_decode",
+                            "p_enqueued", "p_checked"}) {
+        v[k].push_back(run.count(k) ? run[k] * 1e3 : 0);
+      }
+    }
+    if (v["first"].empty()) continue;
+    const double steady = Median(v["steady"]);
+    std::printf("%-22s %7.1f %7.1f %6.2f | %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f\n",
+                row.name.c_str(), Median(v["first"]), steady,
+                ceiling_gbps > 0 ? steady / ceiling_gbps : 0.0, Median(v["p_prepared"]),
+                Median(v["p_planned"]), Median(v["p_planes"]), Median(v["p_fill"]),
+                Median(v["p_decode"]), Median(v["p_enqueued"]), Median(v["p_checked"]));
+  }
+  std::fflush(stdout);
+}
+
 int Parent(int argc, char** argv) {
   double gib = 8;
   int reps = 3;
   std::vector<std::string> dirs = {"/dev/shm", "/var/tmp"};
   std::vector<std::string> cases;
   bool host = true, gpu = true, keep = false, host_all_dirs = false;
+  std::string given;  // --file: an existing checkpoint (any encoding), neither copied nor removed
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto list = [](const std::string& s) {
@@ -909,10 +1019,12 @@ int Parent(int argc, char** argv) {
       host_all_dirs = true;
     } else if (a == "--keep") {
       keep = true;
+    } else if (a.rfind("--file=", 0) == 0) {
+      given = a.substr(7);
     } else {
       Die("unknown argument " + a +
           " (--gib=N --reps=N --dirs=a,b --cases='spec;spec' --host_only --no_host "
-          "--host_all_dirs --keep)");
+          "--host_all_dirs --keep --file=PATH)");
     }
   }
   if (cases.empty()) {
@@ -922,9 +1034,14 @@ int Parent(int argc, char** argv) {
   std::vector<std::string> paths;
   bool gpu_ok = true;
   double t0 = Now();
+  if (!given.empty()) {
+    dirs = {given.substr(0, given.rfind('/') == std::string::npos ? 0 : given.rfind('/'))};
+    keep = true;
+  }
   for (size_t d = 0; d < dirs.size(); ++d) {
-    std::string path = dirs[d] + "/ferry_oneshot.ferry";
-    if (d == 0) {
+    std::string path = given.empty() ? dirs[d] + "/ferry_oneshot.ferry" : given;
+    if (!given.empty()) {
+    } else if (d == 0) {
       Generate(path, gib);
     } else {
       CopyFile(paths[0], path);
@@ -974,6 +1091,7 @@ int Parent(int argc, char** argv) {
       std::printf("GPU cases skipped: no usable GPU\n");
     } else if (!gpu_rows.empty()) {
       PrintTable(dirs[d], gpu_rows, ceiling);
+      PrintLoaderDetail(gpu_rows, ceiling);
     }
     host_rows.erase(std::remove_if(host_rows.begin(), host_rows.end(),
                                    [](const Row& r) { return r.name.empty(); }),

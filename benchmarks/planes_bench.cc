@@ -15,9 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/fp8.hpp"
 #include "codec/codec.hpp"
-#include "ferry/ferry.hpp"
 #include "codec/planes.hpp"
+#include "ferry/ferry.hpp"
 #include "planes_data.hpp"
 
 #ifdef FERRY_HAVE_CUDA_KERNELS
@@ -116,6 +117,21 @@ size_t ShuffleZstdSize(const uint8_t* data, size_t n, size_t width) {
   return total;
 }
 
+// Each tensor in its own blocks, as the writer stores them: per-tensor scaled fp8 tensors have
+// histograms of their own, which blocks mixing tensors would blur.
+void PrintRatioPerTensor(const char* what, const std::vector<std::vector<uint8_t>>& tensors,
+                         size_t width) {
+  size_t raw = 0, stored = 0, z = 0;
+  for (const std::vector<uint8_t>& t : tensors) {
+    Encoded e = EncodeAll(t.data(), t.size(), width);
+    raw += e.raw;
+    stored += e.stored;
+    z += ShuffleZstdSize(t.data(), t.size(), width);
+  }
+  std::printf("ratio  %-34s %9.1f MiB  planes %.3fx  shuffle+zstd-1 %.3fx (per tensor)\n", what,
+              raw / 1048576.0, static_cast<double>(raw) / stored, static_cast<double>(raw) / z);
+}
+
 void PrintRatio(const char* what, const uint8_t* data, size_t n, size_t width) {
   Encoded e = EncodeAll(data, n, width);
   size_t z = ShuffleZstdSize(data, n, width);
@@ -123,8 +139,20 @@ void PrintRatio(const char* what, const uint8_t* data, size_t n, size_t width) {
               static_cast<double>(e.raw) / e.stored, static_cast<double>(n) / z);
 }
 
-// Real weights: every floating-point tensor of a safetensors file, as stored (f32) and rounded
-// to bf16.
+// fp8 as per-tensor scaled conversions make it: each tensor divided by its largest magnitude
+// over the format's largest finite value, then rounded.
+std::vector<uint8_t> ScaledFp8(const std::vector<float>& v, const Fp8Layout& format) {
+  float amax = 0;
+  for (float x : v) amax = std::max(amax, std::fabs(x));
+  const float to_max = amax > 0 ? Fp8ToFloat(format.max_finite, format) / amax : 1.0f;
+  std::vector<uint8_t> out;
+  out.reserve(v.size());
+  for (float x : v) out.push_back(FloatToFp8(x * to_max, format));
+  return out;
+}
+
+// Real weights: every floating-point tensor of a safetensors file, as stored (f32), rounded
+// to bf16, and scaled per tensor to fp8 (E4M3FN, E5M2).
 void RealWeights(const std::string& path) {
   auto reader = Reader::Open(path);
   if (!reader.ok()) {
@@ -132,12 +160,17 @@ void RealWeights(const std::string& path) {
     return;
   }
   std::vector<uint8_t> f32, bf16;
+  std::vector<std::vector<uint8_t>> e4m3, e5m2;
   for (size_t i = 0; i < (*reader)->num_tensors(); ++i) {
     TensorInfo t = (*reader)->tensor(i);
     if (t.dtype != DType::kF32) continue;
     std::vector<uint8_t> buf(t.nbytes);
     if (!(*reader)->ReadInto(t.name, buf.data(), buf.size()).ok()) continue;
     f32.insert(f32.end(), buf.begin(), buf.end());
+    std::vector<float> values(buf.size() / 4);
+    std::memcpy(values.data(), buf.data(), values.size() * 4);
+    e4m3.push_back(ScaledFp8(values, kE4M3FN));
+    e5m2.push_back(ScaledFp8(values, kE5M2));
     for (size_t k = 0; k + 4 <= buf.size(); k += 4) {
       float v;
       std::memcpy(&v, &buf[k], 4);
@@ -150,15 +183,17 @@ void RealWeights(const std::string& path) {
   // a fraction of a percent for a file of this size.
   PrintRatio("all-MiniLM-L6-v2 bf16", bf16.data(), bf16.size(), 2);
   PrintRatio("all-MiniLM-L6-v2 f32", f32.data(), f32.size(), 4);
+  PrintRatioPerTensor("all-MiniLM-L6-v2 fp8 e4m3fn", e4m3, 1);
+  PrintRatioPerTensor("all-MiniLM-L6-v2 fp8 e5m2", e5m2, 1);
 }
 
-void CpuSpeed(const std::vector<uint8_t>& data) {
+void CpuSpeed(const std::vector<uint8_t>& data, size_t width, const char* what) {
   const size_t n = std::min<size_t>(data.size(), 64u << 20);
   std::vector<uint8_t> out(planes::Bound(kBlock)), scratch(kBlock), dec(kBlock);
   std::vector<std::vector<uint8_t>> enc;
   double t0 = Now();
   for (size_t off = 0; off < n; off += kBlock) {
-    size_t s = planes::Encode(data.data() + off, kBlock, 2, out.data(), scratch.data(), 0.02);
+    size_t s = planes::Encode(data.data() + off, kBlock, width, out.data(), scratch.data(), 0.02);
     enc.emplace_back(out.begin(), out.begin() + s);
   }
   double enc_s = Now() - t0;
@@ -171,10 +206,10 @@ void CpuSpeed(const std::vector<uint8_t>& data) {
     }
     runs.push_back(Now() - t0);
   }
-  std::printf("cpu    encode bf16, 1 thread                 %7.2f GB/s of input\n",
+  std::printf("cpu    encode %-6s 1 thread                %7.2f GB/s of input\n", what,
               n / enc_s / 1e9);
-  std::printf("cpu    decode bf16, 1 thread                 %7.2f GB/s of output (median of 5)\n",
-              n / Median(runs) / 1e9);
+  std::printf("cpu    decode %-6s 1 thread                %7.2f GB/s of output (median of 5)\n",
+              what, n / Median(runs) / 1e9);
 }
 
 #ifdef FERRY_HAVE_CUDA_KERNELS
@@ -187,7 +222,7 @@ void CpuSpeed(const std::vector<uint8_t>& data) {
     }                                                                                      \
   } while (0)
 
-void GpuSpeed(const std::vector<uint8_t>& data) {
+void GpuSpeed(const std::vector<uint8_t>& data, size_t width, const char* what) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("gpu    no CUDA device: GPU figures skipped\n");
@@ -196,7 +231,7 @@ void GpuSpeed(const std::vector<uint8_t>& data) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const size_t n = data.size();
-  Encoded e = EncodeAll(data.data(), n, 2);
+  Encoded e = EncodeAll(data.data(), n, width);
   const size_t nb = e.blocks.size();
   // Compressed blocks packed at 256-byte offsets, as the loader's device slots hold them.
   std::vector<size_t> off(nb);
@@ -300,9 +335,9 @@ void GpuSpeed(const std::vector<uint8_t>& data) {
   exact = exact && back == data;
   std::printf("gpu    device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::printf(
-      "gpu    decode bf16 %zu MiB, 24 blocks per launch  %7.1f GB/s of output (median of 10)%s\n",
-      n >> 20, n / dec / 1e9, exact ? "" : "  MISMATCH");
-  std::printf("gpu    decode bf16, one launch per 4 MiB block   %7.1f GB/s of output\n",
+      "gpu    decode %s %zu MiB, 24 blocks per launch  %7.1f GB/s of output (median of 10)%s\n",
+      what, n >> 20, n / dec / 1e9, exact ? "" : "  MISMATCH");
+  std::printf("gpu    decode %s, one launch per 4 MiB block   %7.1f GB/s of output\n", what,
               n / dec1 / 1e9);
   std::printf(
       "gpu    device-to-device copy of the output       %7.1f GB/s (memory ceiling reference)\n",
@@ -310,9 +345,9 @@ void GpuSpeed(const std::vector<uint8_t>& data) {
   std::printf("link   pinned host->device, 256 MiB pieces       %7.1f GB/s (the PCIe ceiling)\n",
               total / h2d / 1e9);
   std::printf(
-      "pipe   pinned compressed -> device slots -> decode %6.1f GB/s of output "
+      "pipe   %s pinned compressed -> device slots -> decode %6.1f GB/s of output "
       "(ratio %.3fx; ceiling x ratio = %.1f)\n",
-      n / pipe / 1e9, static_cast<double>(n) / e.stored,
+      what, n / pipe / 1e9, static_cast<double>(n) / e.stored,
       total / h2d / 1e9 * static_cast<double>(n) / total);
   cudaFreeHost(pinned);
   cudaFree(dsrc);
@@ -352,10 +387,19 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> f32 = testing::NormalWeights(size_t{64} << 20, 4, 0.02f, 4);
   PrintRatio("N(0, 0.02) f32", f32.data(), f32.size(), 4);
   if (!minilm.empty()) RealWeights(minilm);
-  if (!skip_cpu) CpuSpeed(llama);
+  std::vector<uint8_t> fp8 = testing::Fp8Weights(size_t{64} << 20, kE4M3FN, 6);
+  PrintRatio("N(0, s) rows, scaled fp8 e4m3fn", fp8.data(), fp8.size(), 1);
+  std::vector<uint8_t> fp8b = testing::Fp8Weights(size_t{64} << 20, kE5M2, 7);
+  PrintRatio("N(0, s) rows, scaled fp8 e5m2", fp8b.data(), fp8b.size(), 1);
+  if (!skip_cpu) {
+    CpuSpeed(llama, 2, "bf16");
+    CpuSpeed(fp8, 1, "e4m3");
+  }
 #ifdef FERRY_HAVE_CUDA_KERNELS
   std::vector<uint8_t> gpu_data = LlamaLike(gpu_mib << 20, 5);
-  GpuSpeed(gpu_data);
+  GpuSpeed(gpu_data, 2, "bf16");
+  std::vector<uint8_t> gpu_fp8 = testing::Fp8Weights(gpu_mib << 20, kE4M3FN, 8);
+  GpuSpeed(gpu_fp8, 1, "e4m3");
 #else
   std::printf("gpu    built without CUDA kernels\n");
 #endif

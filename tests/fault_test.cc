@@ -5,16 +5,19 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -376,8 +379,9 @@ TEST(FaultTest, KilledShardedSaveLeavesOldOrNewCheckpoint) {
 // ---- (b) out of space: RLIMIT_FSIZE makes write() fail with EFBIG -------------------------
 
 // In a child: writes generation 2 over `path` with file size limited to `limit`. Exit codes:
-// 0 ResourceExhausted naming the file and the temporary file gone, 10 success, 11 another
-// code, 12 a message without the path, 13 the temporary file left behind.
+// 0 IoError naming the file (not its temporary file) and EFBIG, and the temporary file gone,
+// 10 success, 11 another code, 12 a message without the path or naming the temporary file,
+// 13 the temporary file left behind, 14 a message without the errno.
 int WriteWithFileSizeLimit(const std::string& dir, const std::string& path,
                            const std::vector<TensorDef>& defs, rlim_t limit, bool safetensors) {
   pid_t pid = ::fork();
@@ -401,11 +405,15 @@ int WriteWithFileSizeLimit(const std::string& dir, const std::string& path,
       st = WriteGeneration(path, defs, 2, true, 1);
     }
     if (st.ok()) ::_exit(10);
-    if (st.code() != StatusCode::kResourceExhausted) {
+    if (st.code() != StatusCode::kIoError) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
       ::_exit(11);
     }
-    if (!Contains(st.message(), path)) ::_exit(12);
+    if (!Contains(st.message(), path) || Contains(st.message(), ".tmp.")) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      ::_exit(12);
+    }
+    if (!Contains(st.message(), "errno " + std::to_string(EFBIG))) ::_exit(14);
     for (const auto& e : fs::directory_iterator(dir)) {
       if (Contains(e.path().filename().string(), ".tmp.")) ::_exit(13);
     }
@@ -478,6 +486,136 @@ TEST(FaultTest, FileSizeLimitFailsCleanlyForSafetensors) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ((*r)->metadata("generation"), "1");
   }
+}
+
+// A folder that does not exist: IoError naming the destination and the errno, for both
+// writers (Python raises it as an OSError).
+TEST(FaultTest, SaveErrorsNameTheDestination) {
+  TempDir dir;
+  const std::string path = dir.File("missing/model.ferry");
+  auto w = Writer::Create(path, WriterOptions{});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kIoError);
+  EXPECT_EQ(w.status().message(),
+            path + ": creating its temporary file failed (No such file or directory, errno " +
+                std::to_string(ENOENT) + ")");
+  auto st = SafetensorsWriter::Create(dir.File("missing/model.safetensors"), {}, {}, false);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kIoError);
+  EXPECT_FALSE(Contains(st.status().message(), ".tmp.")) << st.status().message();
+}
+
+// ---- (b2) temporary files of killed writers ------------------------------------------------
+
+// Forks a child that starts a save to `path`, writes a tensor into its temporary file, says so
+// and waits to be killed.
+pid_t StartWriterChild(const std::string& path) {
+  int p[2];
+  if (::pipe(p) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    WriterOptions o;
+    o.durable = false;
+    o.threads = 1;
+    auto w = Writer::Create(path, o);
+    std::vector<uint8_t> bytes(1 << 16, 7);
+    if (!w.ok() || !w->AddTensor("a", DType::kU8, {1 << 16}, bytes.data(), bytes.size()).ok()) {
+      ::_exit(1);
+    }
+    char c = 1;
+    if (::write(p[1], &c, 1) != 1) ::_exit(2);
+    for (;;) ::pause();
+  }
+  ::close(p[1]);
+  char c = 0;
+  const bool ready = ::read(p[0], &c, 1) == 1;
+  ::close(p[0]);
+  return ready ? pid : -1;
+}
+
+std::vector<std::string> Names(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void WriteBytes(const std::string& path, size_t n) {
+  std::ofstream(path, std::ios::binary) << std::string(n, 'x');
+}
+
+TEST(FaultTest, SaveSweepsTemporaryFilesOfKilledWritersOnly) {
+  TempDir dir;
+  const std::string path = dir.File("model.ferry");
+  // The live writer first: a writer's own start sweeps.
+  const pid_t live = StartWriterChild(path);
+  ASSERT_GT(live, 0);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{live};
+  const pid_t dead = StartWriterChild(path);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::kill(dead, SIGKILL), 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::vector<std::string> before = Names(dir.path(), "model.ferry.tmp.");
+  ASSERT_EQ(before.size(), 2u);
+  const std::string dead_tag = ".tmp." + std::to_string(dead) + ".";
+  const std::string stale = Contains(before[0], dead_tag) ? before[0] : before[1];
+  const std::string lively = stale == before[0] ? before[1] : before[0];
+  ASSERT_TRUE(Contains(stale, dead_tag));
+
+  // Names of the dead writer's pid that must stay: one a live process holds locked (the lock
+  // alone protects it), an empty one (a writer may not have locked it yet), and one of another
+  // checkpoint.
+  const std::string locked = "model.ferry" + dead_tag + "00000000000000aa";
+  const std::string empty = "model.ferry" + dead_tag + "00000000000000bb";
+  const std::string other = "other.ferry" + dead_tag + "00000000000000cc";
+  WriteBytes(dir.File(locked), 100);
+  WriteBytes(dir.File(empty), 0);
+  WriteBytes(dir.File(other), 100);
+  const int lock = ::open(dir.File(locked).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX), 0);
+  // A save of this process still in flight.
+  WriterOptions o;
+  o.durable = false;
+  auto mine = Writer::Create(path, o);
+  ASSERT_TRUE(mine.ok());
+  const std::vector<std::string> with_mine = Names(dir.path(), "model.ferry.tmp.");
+
+  // The next save into the folder removes the killed writer's file, and only that.
+  ASSERT_TRUE(WriteGeneration(path, kLarge, 1, false).ok());
+  std::vector<std::string> want;
+  for (const std::string& n : with_mine) {
+    if (n != stale) want.push_back(n);
+  }
+  EXPECT_EQ(Names(dir.path(), "model.ferry.tmp."), want);
+  EXPECT_TRUE(fs::exists(dir.File(lively)));
+  EXPECT_TRUE(fs::exists(dir.File(other)));
+  EXPECT_EQ(CheckComplete(path, kLarge), 1u);
+
+  // Unlocked, the lookalike is the dead writer's garbage too; the safetensors writer sweeps
+  // its own files the same way.
+  ::close(lock);
+  const std::string st_stale = "model.safetensors" + dead_tag + "00000000000000dd";
+  WriteBytes(dir.File(st_stale), 100);
+  ASSERT_TRUE(WriteGeneration(path, kLarge, 2, false).ok());
+  EXPECT_FALSE(fs::exists(dir.File(locked)));
+  EXPECT_TRUE(fs::exists(dir.File(empty)));
+  auto sw = SafetensorsWriter::Create(dir.File("model.safetensors"), {}, {}, false);
+  ASSERT_TRUE(sw.ok());
+  EXPECT_FALSE(fs::exists(dir.File(st_stale)));
+  sw->Abort();
+
+  mine->Abort();
 }
 
 // ---- (c) EINTR and short transfers --------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "ferry/ferry.hpp"
+#include "format/recipe.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
@@ -453,6 +454,51 @@ TEST(FormatTest, EveryRecipeAndScalingState) {
   EXPECT_EQ(std::get<DelayedScaling>(got[1].recipe), DelayedScaling{});
 }
 
+// Every recipe kind by name, field by field, and back from JSON; the same names a pickled
+// TransformerEngine recipe and `ferry inspect --json` use.
+TEST(FormatTest, RecipesByNameAndJson) {
+  const Recipe recipes[] = {
+      std::monostate{},
+      DelayedScaling{3, Fp8Format::kE5M2, 16, AmaxComputeAlgo::kMostRecent, false, true, false},
+      Float8CurrentScaling{Fp8Format::kE4M3, true, true},
+      MXFP8BlockScaling{Fp8Format::kE5M2},
+      Float8BlockScaling{Fp8Format::kHybrid, 2, 1, 2},
+      NVFP4BlockScaling{true, false, true},
+      CustomRecipe{"mine", "pkg.factory"}};
+  for (const Recipe& r : recipes) {
+    const nlohmann::ordered_json j = format::RecipeToJson(r);
+    EXPECT_EQ(j["type"], format::RecipeName(r));
+    auto back = format::RecipeFromJson(j);
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << " " << j.dump();
+    EXPECT_TRUE(*back == r) << j.dump();
+    auto named = format::RecipeNamed(format::RecipeName(r));
+    ASSERT_TRUE(named.has_value());
+    EXPECT_EQ(named->index(), r.index());
+    Recipe copy = r;
+    EXPECT_EQ(format::RecipeFields(copy).size() + 1, j.size());
+  }
+  EXPECT_EQ(format::RecipeToJson(recipes[1]).dump(),
+            R"({"type":"DelayedScaling","margin":3,"fp8_format":"E5M2","amax_history_len":16,)"
+            R"("amax_compute_algo":"most_recent","reduce_amax":false,"fp8_dpa":true,)"
+            R"("fp8_mha":false})");
+  EXPECT_FALSE(format::RecipeNamed("Unknown").has_value());
+  EXPECT_EQ(format::Fp8FormatNamed("HYBRID"), Fp8Format::kHybrid);
+  EXPECT_FALSE(format::Fp8FormatNamed("E2M1").has_value());
+  EXPECT_EQ(format::AmaxComputeAlgoName(AmaxComputeAlgo::kMostRecent), std::string("most_recent"));
+
+  auto message = [](const char* text) {
+    return format::RecipeFromJson(nlohmann::ordered_json::parse(text)).status().message();
+  };
+  EXPECT_EQ(message(R"({"type":"Bogus"})"), "unknown recipe type 'Bogus'");
+  EXPECT_EQ(message(R"({"type":"MXFP8BlockScaling"})"), "missing \"fp8_format\"");
+  EXPECT_EQ(message(R"({"type":"MXFP8BlockScaling","fp8_format":"E9"})"),
+            "\"fp8_format\" has the unknown value 'E9'");
+  EXPECT_EQ(message(R"({"type":"Float8BlockScaling","fp8_format":"E4M3","x_block_scaling_dim":)"
+                    R"(4294967296,"w_block_scaling_dim":1,"grad_block_scaling_dim":1})"),
+            "\"x_block_scaling_dim\" is not a 32-bit integer");
+  EXPECT_EQ(message("[]"), "expected an object");
+}
+
 TEST(FormatTest, ScalingStateErrors) {
   TempDir dir;
   auto w = Writer::Create(dir.File("bad_scaling.ferry"), Scratch());
@@ -838,7 +884,8 @@ TEST(FormatTest, WriterRejectsBadOptions) {
   EXPECT_EQ(Writer::Create(dir.File("a.ferry"), o).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Writer::Create("").status().code(), StatusCode::kInvalidArgument);
   auto missing_dir = Writer::Create(dir.File("no/such/dir.ferry"));
-  EXPECT_EQ(missing_dir.status().code(), StatusCode::kNotFound);
+  // An I/O error (Python's OSError), not a missing checkpoint.
+  EXPECT_EQ(missing_dir.status().code(), StatusCode::kIoError);
   EXPECT_NE(missing_dir.status().message().find(dir.File("no/such/dir.ferry")), std::string::npos);
   EXPECT_TRUE(DirEntries(dir.path()).empty());
 }

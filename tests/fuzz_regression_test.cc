@@ -29,11 +29,12 @@ struct Target {
 };
 
 const Target kTargets[] = {
-    {"footer", fuzz::FuzzFooter},      {"load", fuzz::FuzzLoad},
-    {"chunk", fuzz::FuzzChunk},        {"safetensors", fuzz::FuzzSafetensors},
-    {"unpickle", fuzz::FuzzUnpickle},  {"index", fuzz::FuzzIndex},
-    {"fp8_json", fuzz::FuzzFp8Json},   {"describe", fuzz::FuzzDescribe},
-    {"c_strings", fuzz::FuzzCStrings}, {"planes", fuzz::FuzzPlanes},
+    {"footer", fuzz::FuzzFooter},        {"load", fuzz::FuzzLoad},
+    {"chunk", fuzz::FuzzChunk},          {"safetensors", fuzz::FuzzSafetensors},
+    {"unpickle", fuzz::FuzzUnpickle},    {"index", fuzz::FuzzIndex},
+    {"fp8_json", fuzz::FuzzFp8Json},     {"describe", fuzz::FuzzDescribe},
+    {"c_strings", fuzz::FuzzCStrings},   {"planes", fuzz::FuzzPlanes},
+    {"torch_walk", fuzz::FuzzTorchWalk}, {"dcp", fuzz::FuzzDcp},
 };
 
 std::vector<fs::path> Inputs(const fs::path& dir) {

@@ -2,11 +2,14 @@
 #ifndef FERRY_TESTS_PLANES_DATA_HPP_
 #define FERRY_TESTS_PLANES_DATA_HPP_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "base/fp8.hpp"
 
 namespace ferry::testing {
 
@@ -52,6 +55,25 @@ inline std::vector<uint8_t> NormalWeights(size_t n, size_t width, float stddev, 
     }
   }
   for (size_t i = count * width; i < n; ++i) out[i] = static_cast<uint8_t>(rng());
+  return out;
+}
+
+// `n` fp8 weights as per-tensor scaled conversions make them: N(0, 1) values whose scale
+// varies by row of 1024 (weights after training are not one Gaussian), divided by the largest
+// magnitude over the format's largest finite value, rounded to `format`.
+inline std::vector<uint8_t> Fp8Weights(size_t n, const Fp8Layout& format, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  float amax = 0, scale = 1;
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 1024 == 0) scale = std::exp(0.5f * dist(rng));
+    v[i] = dist(rng) * scale;
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  const float to_max = amax > 0 ? Fp8ToFloat(format.max_finite, format) / amax : 1.0f;
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToFp8(v[i] * to_max, format);
   return out;
 }
 

@@ -8,18 +8,21 @@
 #include <cstring>
 #include <map>
 
-#include "format/block_source.hpp"
+#include "base/util.hpp"
+#include "codec/planes.hpp"
+#include "codec/planes_cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry_generated.h"
-#include "codec/planes.hpp"
-#include "codec/planes_cuda.hpp"
+#include "format/block_source.hpp"
+#include "load/loader_tuning.hpp"
 #include "planes_data.hpp"
 #include "test_util.hpp"
 
 namespace ferry {
 namespace {
 
+using testing::Fp8Weights;
 using testing::NormalWeights;
 using testing::RandomBytes;
 using testing::SprinkleSpecials;
@@ -309,12 +312,173 @@ TEST_F(PlanesLoadTest, CorruptUnitIsDataLossNamingTensorAndBlock) {
     EXPECT_NE(m.find("'a.bf16'"), std::string::npos) << m;
     EXPECT_NE(m.find("block 2 "), std::string::npos) << m;
     EXPECT_NE(m.find("unit 3 of plane 1"), std::string::npos) << m;
-    if (!verify) EXPECT_NE(m.find("decoded on the GPU"), std::string::npos) << m;
+    EXPECT_NE(m.find("decoded on the GPU"), std::string::npos) << m;
     // The loader and the device are still usable.
     auto other = (*loader)->Load(**r, {{"b.f32"}});
     EXPECT_TRUE(other.ok()) << other.status().ToString();
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Every tensor of `out` (device memory) against `expected`.
+void ExpectLoaded(const std::vector<LoadedTensor>& out,
+                  const std::map<std::string, std::vector<uint8_t>>& expected,
+                  const std::string& what) {
+  for (const LoadedTensor& t : out) {
+    const std::vector<uint8_t>& want = expected.at(t.info.name);
+    std::vector<uint8_t> got(t.nbytes);
+    ASSERT_EQ(cudaMemcpy(got.data(), t.data, t.nbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got == want) << t.info.name << " " << what;
+  }
+}
+
+// Decodes grouped over several slots per launch, device slots reused many times over within a
+// load (1 MiB slots of a 2 MiB ring), with and without checksums checked on the device.
+TEST_F(PlanesLoadTest, EveryGroupingLoadsBitExactOnTheGpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto r = Reader::Open(path_);
+  ASSERT_TRUE(r.ok());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  struct Case {
+    uint64_t slot, staging;
+    int group, twins;
+    bool each_group;
+  };
+  const uint64_t mib = 1 << 20;
+  for (const Case& c : {Case{4 * mib, 64 * mib, 8, 2, false}, Case{mib, 2 * mib, 1, 1, false},
+                        Case{mib, 2 * mib, 2, 1, true}, Case{mib, 2 * mib, 3, 2, false},
+                        Case{mib, 3 * mib, 8, 1, true}}) {
+    for (bool verify : {false, true}) {
+      LoaderOptions o;
+      o.slot_bytes = c.slot;
+      o.staging_bytes = c.staging;
+      o.verify = verify;
+      auto loader = Loader::Create(o);
+      ASSERT_TRUE(loader.ok());
+      LoaderTuning t;
+      t.planes_group = c.group;
+      t.planes_twin_factor = c.twins;
+      t.planes_verify_each_group = c.each_group;
+      LoaderInternals::SetTuning(**loader, t);
+      const std::string what =
+          StrCat("slot ", c.slot, " group ", c.group, " twins ", c.twins, " verify ", verify);
+      for (int round = 0; round < 3; ++round) {
+        auto out = (*loader)->Load(**r, {}, reinterpret_cast<Stream>(s));
+        ASSERT_TRUE(out.ok()) << out.status().ToString() << " " << what;
+        EXPECT_GT(LoaderInternals::LastPhases(**loader).first_decode, 0) << what;
+        ExpectLoaded(*out, expected_, what);
+      }
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
+// A block whose stored bytes still decode, to other raw bytes than were saved (a byte of the
+// raw mantissa plane changed): only the checksum tells. Verified loads check it on the device
+// and report it as the host does; unverified loads hand out what the block holds.
+TEST_F(PlanesLoadTest, BlockDecodingToOtherBytesFailsVerifiedLoadsOnly) {
+  SKIP_WITHOUT_DEVICE();
+  uint64_t at = 0;
+  {
+    auto r = Reader::Open(path_);
+    ASSERT_TRUE(r.ok());
+    auto info = (*r)->Find("a.bf16");
+    const StoredBlock b = BlocksOf(**r).Block(info->index, 1);
+    ASSERT_TRUE(b.planes);
+    planes::Layout l;
+    const uint8_t* block = BlocksOf(**r).mapping()->data() + b.file_offset;
+    ASSERT_TRUE(planes::Parse(block, b.stored_size, b.raw_size, &l).ok());
+    ASSERT_EQ(l.plane[0].mode, planes::kPlaneRaw);
+    at = b.file_offset + l.plane[0].offset + 100;  // low byte of element 100 of block 1
+  }
+  ASSERT_TRUE(testing::XorFileByte(path_, at, 0x04));
+  auto r = Reader::Open(path_);
+  ASSERT_TRUE(r.ok());
+  std::map<std::string, std::vector<uint8_t>> changed = expected_;
+  changed["a.bf16"][(1 << 20) + 200] ^= 0x04;
+
+  LoaderOptions host_options;
+  host_options.verify = true;
+  auto host_loader = Loader::Create(host_options);
+  ASSERT_TRUE(host_loader.ok());
+  auto host = (*host_loader)->LoadToHost(**r, {});
+  ASSERT_FALSE(host.ok());
+  const std::string want = host.status().message();
+  EXPECT_NE(want.find("'a.bf16': checksum mismatch in block 1 "), std::string::npos) << want;
+
+  for (int group : {1, 8}) {
+    LoaderOptions o;
+    auto plain = Loader::Create(o);
+    ASSERT_TRUE(plain.ok());
+    o.verify = true;
+    auto verified = Loader::Create(o);
+    ASSERT_TRUE(verified.ok());
+    LoaderTuning t;
+    t.planes_group = group;
+    LoaderInternals::SetTuning(**plain, t);
+    LoaderInternals::SetTuning(**verified, t);
+    auto out = (*plain)->Load(**r, {});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ExpectLoaded(*out, changed, "unverified");
+    auto bad = (*verified)->Load(**r, {});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(bad.status().message(), want) << "group " << group;
+    EXPECT_GT(LoaderInternals::LastPhases(**verified).first_decode, 0);
+    // The loader stays usable: other tensors load and verify.
+    auto other = (*verified)->Load(**r, {{"b.f32"}, {"c.f16"}});
+    ASSERT_TRUE(other.ok()) << other.status().ToString();
+    ExpectLoaded(*other, expected_, "after the failure");
+  }
+  // Streaming loads decode on the host, where the same check fails the same way.
+  LoaderOptions o;
+  o.verify = true;
+  auto streaming = Loader::Create(o);
+  ASSERT_TRUE(streaming.ok());
+  auto st = (*streaming)->LoadStreaming(**r, {}, [](const ReadyTensor&) {});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().message(), want);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// fp8 weights through PLANES onto the device, the GPU's output identical to the CPU decoder's.
+TEST(PlanesFp8GpuTest, Fp8LoadsBitExactAndMatchTheCpuDecoder) {
+  SKIP_WITHOUT_DEVICE();
+  testing::TempDir dir;
+  const std::string path = dir.File("fp8.ferry");
+  std::map<std::string, std::vector<uint8_t>> expected;
+  expected["e4m3"] = Fp8Weights((size_t{9} << 20) + 5, kE4M3FN, 1);
+  expected["e5m2"] = Fp8Weights(size_t{6} << 20, kE5M2, 2);
+  SprinkleSpecials(expected["e5m2"], 1);
+  {
+    auto w = Writer::Create(path);
+    ASSERT_TRUE(w.ok());
+    for (const auto& [name, bytes] : expected) {
+      DType dtype = name == "e4m3" ? DType::kF8_E4M3FN : DType::kF8_E5M2;
+      ASSERT_TRUE(w->AddTensor(name, dtype, {static_cast<int64_t>(bytes.size())}, bytes.data(),
+                               bytes.size(), Encoding::kPlanes)
+                      .ok());
+    }
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  auto r = Reader::Open(path);
+  ASSERT_TRUE(r.ok());
+  for (bool verify : {false, true}) {
+    LoaderOptions o;
+    o.verify = verify;
+    auto loader = Loader::Create(o);
+    ASSERT_TRUE(loader.ok());
+    auto out = (*loader)->Load(**r, {});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_GT(LoaderInternals::LastPhases(**loader).first_decode, 0);
+    ExpectLoaded(*out, expected, verify ? "verified" : "unverified");
+    auto host = (*loader)->LoadToHost(**r, {});
+    ASSERT_TRUE(host.ok());
+    for (const LoadedTensor& t : *host) {
+      EXPECT_EQ(std::memcmp(t.data, expected.at(t.info.name).data(), t.nbytes), 0);
+    }
+  }
 }
 
 }  // namespace

@@ -9,17 +9,20 @@
 #include <cstring>
 #include <map>
 
-#include "format/block_source.hpp"
+#include "base/fp8.hpp"
+#include "base/util.hpp"
+#include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "ferry_generated.h"
+#include "format/block_source.hpp"
 #include "planes_data.hpp"
 #include "test_util.hpp"
-#include "base/util.hpp"
 
 namespace ferry {
 namespace {
 
+using testing::Fp8Weights;
 using testing::NormalWeights;
 using testing::RandomBytes;
 using testing::SprinkleSpecials;
@@ -112,6 +115,20 @@ TEST(PlanesTest, IncompressibleBlocksAreNotEncoded) {
   // Tiny blocks never pay for the header.
   std::vector<uint8_t> tiny = NormalWeights(64, 2, 0.02f, 1);
   EXPECT_TRUE(EncodeOrDie(tiny, 2, 0.0).empty());
+}
+
+// Writers reuse their output buffers: what a buffer held before must not reach the block.
+TEST(PlanesTest, EncodingDoesNotDependOnTheOutputBuffersOldBytes) {
+  for (size_t width : {2, 4, 8}) {
+    std::vector<uint8_t> raw = NormalWeights(kUnit * width * 2 + 3 * width + 1, width, 0.02f, 9);
+    std::vector<uint8_t> scratch(raw.size());
+    std::vector<uint8_t> zeros(planes::Bound(raw.size()), 0), junk(zeros.size(), 0xEE);
+    size_t a = planes::Encode(raw.data(), raw.size(), width, zeros.data(), scratch.data(), -1);
+    size_t b = planes::Encode(raw.data(), raw.size(), width, junk.data(), scratch.data(), -1);
+    ASSERT_GT(a, 0u);
+    ASSERT_EQ(a, b);
+    EXPECT_EQ(std::memcmp(zeros.data(), junk.data(), a), 0) << "width " << width;
+  }
 }
 
 TEST(PlanesTest, ConstantPlaneUsesOneBitCodes) {
@@ -324,6 +341,132 @@ TEST(PlanesFileTest, CorruptUnitIsDataLossNamingTensorAndBlock) {
   ASSERT_FALSE(host.ok());
   EXPECT_EQ(host.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(host.status().message().find("block 1 "), std::string::npos) << host.status().message();
+}
+
+// fp8 weights (E4M3FN, E5M2) are one-byte elements: the whole byte is one coded plane.
+TEST(PlanesFileTest, Fp8WeightsCompressAndRoundTripBitExact) {
+  testing::TempDir dir;
+  std::string path = dir.File("fp8.ferry");
+  WriterOptions wo;
+  wo.block_size = 1 << 20;
+  const std::vector<uint8_t> e4m3 = Fp8Weights(size_t{3} << 20, kE4M3FN, 5);
+  std::vector<uint8_t> e5m2 = Fp8Weights((size_t{5} << 19) + 77, kE5M2, 6);
+  SprinkleSpecials(e5m2, 1);  // NaN, largest finite values, negative zero
+  {
+    auto w = Writer::Create(path, wo);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->AddTensor("w.e4m3", DType::kF8_E4M3FN, {3072, 1024}, e4m3.data(), e4m3.size(),
+                             Encoding::kPlanes)
+                    .ok());
+    ASSERT_TRUE(w->AddTensor("w.e5m2", DType::kF8_E5M2, {static_cast<int64_t>(e5m2.size())},
+                             e5m2.data(), e5m2.size(), Encoding::kPlanes)
+                    .ok());
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  auto r = Reader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const BlockSource& blocks = BlocksOf(**r);
+  for (const auto& [name, bytes] :
+       {std::pair{"w.e4m3", &e4m3},
+        std::pair{"w.e5m2", static_cast<const std::vector<uint8_t>*>(&e5m2)}}) {
+    auto info = (*r)->Find(name);
+    ASSERT_TRUE(info.ok());
+    const TensorRecord t = blocks.Record(info->index);
+    ASSERT_EQ(t.encoding, Encoding::kPlanes) << name;
+    for (uint64_t b = 0; b < blocks.NumBlocks(info->index); ++b) {
+      EXPECT_TRUE(blocks.Block(info->index, b).planes) << name << " block " << b;
+    }
+    // Below the 1.18x (E4M3) and 1.39x (E5M2) of real weights: these are Gaussian rows.
+    EXPECT_GT(static_cast<double>(t.nbytes) / t.data_size, 1.08) << name;
+    std::vector<uint8_t> out(bytes->size());
+    ReadOptions ro;
+    ro.verify = true;
+    ASSERT_TRUE((*r)->ReadInto(name, out.data(), out.size(), ro).ok()) << name;
+    EXPECT_TRUE(out == *bytes) << name;
+  }
+  auto loader = Loader::Create();
+  ASSERT_TRUE(loader.ok());
+  auto host = (*loader)->LoadToHost(**r, {});
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  for (const LoadedTensor& lt : *host) {
+    const std::vector<uint8_t>& want = lt.info.name == "w.e4m3" ? e4m3 : e5m2;
+    ASSERT_EQ(lt.nbytes, want.size());
+    EXPECT_EQ(std::memcmp(lt.data, want.data(), want.size()), 0) << lt.info.name;
+  }
+}
+
+// Random bytes over an fp8 block's coded plane: the decoder reports DataLoss or decodes to
+// something, and a verified read of the file never hands out bytes other than those saved.
+TEST(PlanesFileTest, CorruptFp8BlocksAreErrors) {
+  const std::vector<uint8_t> raw = Fp8Weights(size_t{1} << 20, kE4M3FN, 8);
+  const std::vector<uint8_t> enc = EncodeOrDie(raw, 1, 0.0);
+  ASSERT_FALSE(enc.empty());
+  planes::Layout l;
+  ASSERT_TRUE(planes::Parse(enc.data(), enc.size(), raw.size(), &l).ok());
+  ASSERT_EQ(l.plane[0].mode, planes::kPlaneHuffman);
+  std::mt19937_64 rng(3);
+  int caught = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::vector<uint8_t> bad = enc;
+    const size_t span = l.plane[0].size - planes::kCodedUnitTableOffset;
+    for (int k = 0; k < 1 + round % 4; ++k) {
+      bad[l.plane[0].offset + planes::kCodedUnitTableOffset + rng() % span] ^=
+          static_cast<uint8_t>(1 + rng() % 255);
+    }
+    std::vector<uint8_t> out;
+    Status st = DecodeInto(bad, raw.size(), &out);
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+      ++caught;
+    } else {
+      // Huffman streams resynchronize: other symbols, the same bit count. The block checksum
+      // is what rejects these (below).
+      EXPECT_NE(Checksum64(out.data(), out.size()), Checksum64(raw.data(), raw.size()));
+    }
+  }
+  EXPECT_GT(caught, 30);
+  // A changed code that still decodes: the checksum catches it.
+  testing::TempDir dir;
+  std::string path = dir.File("fp8c.ferry");
+  {
+    WriterOptions wo;
+    wo.block_size = 1 << 20;
+    auto w = Writer::Create(path, wo);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->AddTensor("w", DType::kF8_E4M3FN, {1024, 1024}, raw.data(), raw.size(),
+                             Encoding::kPlanes)
+                    .ok());
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  uint64_t stored_at = 0;
+  {
+    auto r = Reader::Open(path);
+    ASSERT_TRUE(r.ok());
+    const StoredBlock s = BlocksOf(**r).Block(0, 0);
+    ASSERT_TRUE(s.planes);
+    stored_at = s.file_offset;
+  }
+  // Swap two adjacent 4-byte stream words of unit 0's stream 0: same lengths, other symbols.
+  const uint32_t unit0 = [&] {
+    uint32_t v;
+    std::memcpy(&v, enc.data() + l.plane[0].offset + planes::kCodedUnitTableOffset, 4);
+    return v;
+  }();
+  const uint64_t words = stored_at + l.plane[0].offset + unit0 + planes::kStreamsPerUnit;
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t w8[8];
+  ASSERT_EQ(::pread(fd, w8, 8, static_cast<off_t>(words)), 8);
+  std::rotate(w8, w8 + 4, w8 + 8);
+  ASSERT_EQ(::pwrite(fd, w8, 8, static_cast<off_t>(words)), 8);
+  ::close(fd);
+  auto r = Reader::Open(path);
+  ASSERT_TRUE(r.ok());
+  std::vector<uint8_t> out(raw.size());
+  ReadOptions ro;
+  ro.verify = true;
+  Status st = (*r)->ReadInto("w", out.data(), out.size(), ro);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
 }
 
 }  // namespace

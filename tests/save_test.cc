@@ -8,15 +8,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <set>
 #include <thread>
 
+#include "cuda/staging_pool.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
-#include "cuda/staging_pool.hpp"
 #include "test_util.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -134,6 +136,45 @@ TEST(StagingPoolTest, PiecesAreContiguousAlignedAndReusedInOrder) {
   p.Release(all->id);
   auto big = p.Acquire(16385);
   EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+}
+
+// The loader's staging ring cuts one pool into equal slots: pieces of one slot's size always
+// start on a slot boundary, and a slot comes back only after its holder (and every older one)
+// gave it back.
+TEST(StagingPoolTest, EqualPiecesAreSlots) {
+  constexpr uint64_t kSlot = 3 * 4096, kSlots = 4;
+  auto pool = StagingPool::Impl::Create(kSlots * kSlot, PinnedAlloc::kHostRegister, "ring");
+  ASSERT_TRUE(pool.ok());
+  StagingPool::Impl& p = **pool;
+  struct Held {
+    StagingPool::Impl::Piece piece;
+    bool released = false;
+  };
+  std::deque<Held> live;  // in acquisition order, as the pool keeps them
+  std::mt19937 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    while (live.size() < kSlots) {
+      auto piece = p.Acquire(kSlot);
+      ASSERT_TRUE(piece.ok());
+      const uint64_t off = static_cast<uint64_t>(piece->data - p.base());
+      EXPECT_EQ(off % kSlot, 0u);
+      EXPECT_LT(off, kSlots * kSlot);
+      for (const Held& h : live) EXPECT_NE(h.piece.data, piece->data);
+      live.push_back(Held{*piece});
+    }
+    // Batches finish out of order; a slot is free again once every older one is back.
+    for (int k = 0; k < 2; ++k) {
+      Held& h = live[rng() % live.size()];
+      if (!h.released) p.Release(h.piece.id);
+      h.released = true;
+    }
+    if (!live.front().released) p.Release(live.front().piece.id);
+    live.front().released = true;
+    while (!live.empty() && live.front().released) live.pop_front();
+  }
+  for (const Held& h : live) {
+    if (!h.released) p.Release(h.piece.id);
+  }
 }
 
 TEST(StagingPoolTest, RejectsTinyPools) {
@@ -352,6 +393,62 @@ TEST(SaveTest, ProgressCountsEveryBlockOnce) {
       EXPECT_EQ(seen.back(), total) << "pooled " << pooled << ", threads " << threads;
     }
   }
+}
+
+// Small tensors travel in batches: thousands of them reach the file in a few writes (one
+// progress call each), not one hand-off and write per tensor, and the file is the same as
+// one written tensor by tensor (a small tensor between large ones, every encoding, with and
+// without a pool, any thread count; a pulled small tensor too).
+TEST(SaveTest, SmallTensorsTravelInBatches) {
+  TempDir dir;
+  std::vector<Def> defs;
+  for (int i = 0; i < 5000; ++i) {
+    const Encoding e = static_cast<Encoding>(i % 4);
+    defs.push_back({"s." + std::to_string(i), DType::kBF16, {i % 7 == 0 ? 0 : 1 + i % 40}, e});
+    if (i % 1000 == 999) {
+      defs.push_back({"big." + std::to_string(i), DType::kF32, {70000}, e});  // 280 KB: no batch
+    }
+  }
+  uint64_t total = 0;
+  for (const Def& d : defs) total += *StorageBytes(d.dtype, *NumElements(d.shape));
+  std::vector<uint8_t> reference;
+  for (bool pooled : {false, true}) {
+    for (int threads : {1, 3}) {
+      std::shared_ptr<StagingPool> pool;
+      if (pooled) pool = *StagingPool::Create(1 << 20);
+      WriterOptions o = Options(threads, pool);
+      std::atomic<int> calls{0};
+      o.progress = [&](uint64_t written) {
+        ++calls;
+        return Status::Ok();
+      };
+      const std::string path = dir.File("b" + std::to_string(pooled) + std::to_string(threads));
+      ASSERT_TRUE(WriteDefs(path, defs, 9, o, false).ok());
+      ExpectContent(path, defs, 9);
+      // One call per batch of small tensors (each big tensor ends one), one per block of the
+      // big ones: not one per tensor.
+      const uint64_t big_blocks = (280000 + o.block_size - 1) / o.block_size;
+      EXPECT_EQ(calls.load(), 5 + 5 * big_blocks) << "pooled " << pooled << ", threads " << threads;
+      if (reference.empty()) {
+        reference = FileBytes(path);
+      } else {
+        EXPECT_TRUE(FileBytes(path) == reference) << "pooled " << pooled << ", threads " << threads;
+      }
+    }
+  }
+  // A pulled small tensor, and one whose source fails: the failure names the tensor and the
+  // byte, and spoils the save.
+  auto w = Writer::Create(dir.File("pulled.ferry"), Options(2));
+  ASSERT_TRUE(w.ok());
+  FillFn ok = [](uint64_t, void* dst, size_t size) {
+    std::memset(dst, 3, size);
+    return Status::Ok();
+  };
+  FillFn bad = [](uint64_t, void*, size_t) { return Status(StatusCode::kIoError, "gone"); };
+  ASSERT_TRUE(w->AddTensorFrom("p", DType::kU8, {100}, ok, Encoding::kZstd).ok());
+  Status st = w->AddTensorFrom("q", DType::kU8, {100}, bad, Encoding::kRaw);
+  EXPECT_EQ(st.message(), dir.File("pulled.ferry") + ": tensor 'q': source failed at byte 0: gone");
+  EXPECT_EQ(w->Commit().code(), StatusCode::kIoError);
 }
 
 // A progress callback that says stop fails the save with its status; the previous file stays

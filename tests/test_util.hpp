@@ -2,6 +2,7 @@
 #ifndef FERRY_TESTS_TEST_UTIL_HPP_
 #define FERRY_TESTS_TEST_UTIL_HPP_
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -32,6 +33,18 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// XORs the byte at `offset` of the file with `mask`, in place (a corruption test's flip).
+inline bool XorFileByte(const std::string& path, uint64_t offset, uint8_t mask) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;
+  uint8_t v = 0;
+  bool ok = ::pread(fd, &v, 1, static_cast<off_t>(offset)) == 1;
+  v ^= mask;
+  ok = ok && ::pwrite(fd, &v, 1, static_cast<off_t>(offset)) == 1;
+  ::close(fd);
+  return ok;
+}
 
 // Starts this program again (via /proc/self/exe) with `args` (args[0] included) in a child
 // process; returns its pid. Multi-process tests use it so that every process is fresh: no

@@ -238,11 +238,14 @@ struct WriterOptions {
   // Writer::CommitAsync). Null: host sources are written straight from the caller's memory
   // (each AddTensor returns once its bytes are in the file), and pulled or device sources go
   // through a pool of max(64 MiB, 2 * block_size) that the writer allocates on first use
-  // (pinned on first device use) and frees with itself.
+  // (pinned on first device use) and frees with itself. Either way, host and pulled tensors of
+  // at most 64 KiB (and one block) are copied into the writer's own batches and written many
+  // at a time, so a small tensor costs no hand-off to the writer's threads.
   std::shared_ptr<StagingPool> staging;
-  // Called after each block is written, with the raw bytes of the tensors written so far
-  // (tensor bytes only, as added): for progress bars, and to stop a save, since a non-OK
-  // return fails it with that status (Commit returns it; the previous file at the path stays).
+  // Called after each block (or batch of small tensors) is written, with the raw bytes of the
+  // tensors written so far (tensor bytes only, as added): for progress bars, and to stop a
+  // save, since a non-OK return fails it with that status (Commit returns it; the previous
+  // file at the path stays).
   // Runs on the writer's threads, one call at a time, never under the writer's locks; it must
   // not call the writer. Empty: none.
   std::function<Status(uint64_t raw_bytes_written)> progress;

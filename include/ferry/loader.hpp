@@ -90,8 +90,8 @@ struct LoaderOptions {
   IoMode io = IoMode::kAuto;
   uint64_t register_window_bytes = uint64_t{64} << 20;
   PinnedAlloc pinned_alloc = PinnedAlloc::kHostRegister;
-  // Check block checksums while loading. Checksums are computed on the host, so a verified
-  // load decodes PLANES tensors on the CPU instead of the GPU.
+  // Check block checksums while loading: on the host for the bytes the CPU reads or decodes,
+  // on the device for PLANES blocks expanded there (XXH3-64 of the decoded bytes).
   bool verify = false;
   // Fill staging slots with non-temporal stores. Off by default: measured slower on an H200
   // host (40 vs 52 GB/s at 8 threads, benchmarks/README.md).
@@ -176,13 +176,13 @@ class FERRY_API Loader {
   // point. Staging slots are reused as their events complete, so the call itself blocks on
   // CPU work and on slot reuse, never on the stream as a whole. Empty `requests`: every tensor.
   // The one exception: a load that expands PLANES blocks on the device (PLANES tensors, in a
-  // build with the CUDA kernels, with LoaderOptions::verify off) waits before it returns
-  // until `stream` has run those decodes, and with them everything enqueued on `stream`
-  // before this call (an event recorded after its last decode; not cudaStreamSynchronize,
-  // so work other threads enqueue on `stream` meanwhile is not waited for). Only then is it
-  // known whether a block was corrupt, which is reported as DataLoss naming the tensor and the
-  // block instead of handing out garbage. Loads with verify on decode PLANES on the CPU,
-  // where checksums are computed, and never wait for the stream.
+  // build with the CUDA kernels) waits before it returns until `stream` has run those decodes
+  // (and, with LoaderOptions::verify, the checksums of their output), and with them everything
+  // enqueued on `stream` before this call (an event recorded after them; not
+  // cudaStreamSynchronize, so work other threads enqueue on `stream` meanwhile is not waited
+  // for). Only then is it known whether a block was corrupt, or decoded to other bytes than
+  // were saved, which is reported as DataLoss naming the tensor and the block instead of
+  // handing out garbage.
   Result<std::vector<LoadedTensor>> LoadAsync(const Reader& reader,
                                               const std::vector<LoadRequest>& requests,
                                               Stream stream = nullptr,
@@ -201,6 +201,9 @@ class FERRY_API Loader {
   // once every tensor was handed over: with HandOver::kComplete the data is then complete;
   // with kEnqueued, as LoadAsync, once `stream` reaches this point. On failure the tensors
   // handed over before it stay valid only while the caller holds copies of them.
+  // LoadStreaming decodes PLANES tensors on the host (and checks them there when verifying):
+  // a tensor is handed over before a device decode's errors could be known, so the device
+  // decoder would hand out tensors not yet known to be intact.
   Result<std::vector<LoadedTensor>> LoadStreaming(const Reader& reader,
                                                   const std::vector<LoadRequest>& requests,
                                                   const ReadyCallback& on_ready,
@@ -217,6 +220,7 @@ class FERRY_API Loader {
   class Impl;
 
  private:
+  friend struct LoaderInternals;  // the library's own benchmarks and tests (not public API)
   explicit Loader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

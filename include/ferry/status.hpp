@@ -18,11 +18,11 @@ enum class StatusCode : int {
   kInvalidArgument = 1,    // the caller passed something unusable (bad name, size, option)
   kNotFound = 2,           // no such file or tensor
   kDataLoss = 3,           // the file is corrupt, truncated or hostile; a checksum mismatched
-  kResourceExhausted = 4,  // out of memory or disk space, or over a documented limit
+  kResourceExhausted = 4,  // out of memory or threads, or over a documented limit
   kUnimplemented = 5,      // a valid request this build cannot serve (e.g. no CUDA support)
   kInternal = 6,           // a broken invariant inside TensorFerry: a bug, please report
   kCudaError = 7,          // a CUDA runtime call failed
-  kIoError = 8,            // the operating system refused a read, write, sync or rename
+  kIoError = 8,            // the system refused a read, write (disk full), sync or rename
 };
 
 FERRY_API const char* StatusCodeName(StatusCode code);

@@ -1,31 +1,76 @@
 #include "base/worker_pool.hpp"
 
+#include <algorithm>
 #include <system_error>
 
 #include "base/util.hpp"
 
 namespace ferry {
 
-Result<std::unique_ptr<WorkerPool>> WorkerPool::Create(int threads) {
-  if (threads < 1) threads = 1;
-  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+int DefaultThreads(int cap) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return std::clamp(hw == 0 ? 4 : static_cast<int>(std::min<unsigned>(hw, 1u << 20)), 1,
+                    std::max(cap, 1));
+}
+
+ThreadGroup::~ThreadGroup() { Join(); }
+
+Status ThreadGroup::Start(int n, const std::function<void(int)>& fn, const std::string& what) {
+  const int first = size();
   std::string failure;
   try {
-    pool->threads_.reserve(threads);
-    for (int i = 0; i < threads; ++i) {
-      WorkerPool* p = pool.get();
-      pool->threads_.emplace_back([p, i] { p->Loop(i); });
-    }
+    threads_.reserve(threads_.size() + std::max(n, 0));
+    for (int i = 0; i < n; ++i) threads_.emplace_back(fn, first + i);
   } catch (const std::system_error& e) {
     failure = e.what();
   } catch (const std::bad_alloc&) {
     failure = "out of memory";
   }
-  if (failure.empty()) return pool;
-  size_t started = pool->threads_.size();
+  if (failure.empty()) return Status::Ok();
+  return Error(StatusCode::kResourceExhausted, what, " ", size() - first + 1, " of ", n, ": ",
+               failure);
+}
+
+void ThreadGroup::Join() {
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+int RunParts(int parts, const std::function<void(int)>& fn) {
+  if (parts <= 0) return 0;
+  ThreadGroup group;
+  // Parts 1.. on their own threads; whatever the system refuses runs here after part 0.
+  (void)group.Start(
+      parts - 1, [&](int i) { fn(i + 1); }, "");
+  const int started = group.size();
+  fn(0);
+  for (int k = started + 1; k < parts; ++k) fn(k);
+  group.Join();
+  return started + 1;
+}
+
+Status StartDetached(std::function<void()> fn, const std::string& what) {
+  try {
+    std::thread(std::move(fn)).detach();
+  } catch (const std::system_error& e) {
+    return Error(StatusCode::kResourceExhausted, what, ": ", e.what());
+  } catch (const std::bad_alloc&) {
+    return Error(StatusCode::kResourceExhausted, what, ": out of memory");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<WorkerPool>> WorkerPool::Create(int threads) {
+  if (threads < 1) threads = 1;
+  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  WorkerPool* p = pool.get();
+  Status st = pool->threads_.Start(
+      threads, [p](int i) { p->Loop(i); }, "cannot start worker thread");
+  if (st.ok()) return pool;
   pool.reset();  // stops and joins the workers already started
-  return Error(StatusCode::kResourceExhausted, "cannot start worker thread ", started + 1, " of ",
-               threads, ": ", failure);
+  return st;
 }
 
 WorkerPool::~WorkerPool() {
@@ -34,13 +79,13 @@ WorkerPool::~WorkerPool() {
     stop_ = true;
   }
   start_cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  threads_.Join();
 }
 
 void WorkerPool::Run(const std::function<void(int)>& fn) {
   std::unique_lock<std::mutex> lock(mu_);
   job_ = &fn;
-  running_ = static_cast<int>(threads_.size());
+  running_ = threads_.size();
   ++generation_;
   start_cv_.notify_all();
   done_cv_.wait(lock, [this] { return running_ == 0; });

@@ -1,6 +1,7 @@
 // `ferry bench`: load throughput of a checkpoint onto the current GPU (or into host memory
 // without one), printed beside the hardware ceiling measured in the same run.
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -14,8 +15,8 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <thread>
 
+#include "base/fp8.hpp"
 #include "base/util.hpp"
 #include "base/worker_pool.hpp"
 #include "cli.hpp"
@@ -102,9 +103,49 @@ Layout ChooseLayout(uint64_t target) {
   return best;
 }
 
-Status Generate(const std::string& path, uint64_t target, Encoding encoding, Layout* layout_out,
-                size_t* count) {
-  Layout L = ChooseLayout(target);
+// Weight-like bytes of `dtype`, read by the generator at shifting offsets. bf16: |x| around
+// 2^-7..2^0 with random sign and mantissa. fp8: normal values whose scale varies by row of
+// 4096 (weights after training are not one Gaussian), scaled so that the largest maps to the
+// format's largest finite value, as per-tensor scaled fp8 weights are.
+std::vector<uint8_t> WeightPattern(DType dtype, uint64_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x;
+  };
+  if (dtype == DType::kBF16) {
+    for (uint64_t i = 0; i + 1 < bytes; i += 2) {
+      const uint64_t r = next();
+      const uint16_t exponent = static_cast<uint16_t>(120 + (r >> 32) % 7);
+      const uint16_t v = static_cast<uint16_t>(((r >> 8) & 0x8000) | (exponent << 7) | (r & 0x7f));
+      std::memcpy(&out[i], &v, 2);
+    }
+    return out;
+  }
+  const Fp8Layout& format = dtype == DType::kF8_E4M3FN ? kE4M3FN : kE5M2;
+  std::vector<float> v(bytes);
+  auto uniform = [&] { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; };
+  float amax = 0, scale = 1;
+  for (uint64_t i = 0; i < bytes; ++i) {
+    const double g = std::sqrt(-2 * std::log(uniform())) * std::cos(6.283185307179586 * uniform());
+    if (i % 4096 == 0) {
+      scale = static_cast<float>(
+          std::exp(0.5 * std::sqrt(-2 * std::log(uniform())) * std::cos(2 * uniform())));
+    }
+    v[i] = static_cast<float>(g) * scale;
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  const float to_max = Fp8ToFloat(format.max_finite, format) / amax;
+  for (uint64_t i = 0; i < bytes; ++i) out[i] = FloatToFp8(v[i] * to_max, format);
+  return out;
+}
+
+Status Generate(const std::string& path, uint64_t target, Encoding encoding, DType dtype,
+                Layout* layout_out, size_t* count) {
+  const uint64_t elem = static_cast<uint64_t>(DTypeStorageBits(dtype)) / 8;
+  // The layout is chosen in bf16 bytes: as many elements whatever their width.
+  Layout L = ChooseLayout(target * 2 / elem);
   *layout_out = L;
   struct T {
     std::string name;
@@ -128,19 +169,13 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
   tensors.push_back({"lm_head.weight", {L.vocab, L.hidden}});
   *count = tensors.size();
   uint64_t total = 0;
-  for (const T& t : tensors) total += 2 * *NumElements(t.shape);
+  for (const T& t : tensors) total += elem * *NumElements(t.shape);
 
-  // bf16 values of weight-like magnitude (|x| around 2^-7..2^0, random sign and mantissa),
-  // so compressed encodings see realistic entropy. One pattern, read at shifting offsets.
-  std::vector<uint16_t> pattern((uint64_t{16} << 20) / 2);
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (uint16_t& v : pattern) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    uint16_t exponent = static_cast<uint16_t>(120 + (x >> 32) % 7);
-    v = static_cast<uint16_t>(((x >> 8) & 0x8000) | (exponent << 7) | (x & 0x7f));
-  }
-  const uint8_t* pat = reinterpret_cast<const uint8_t*>(pattern.data());
-  const uint64_t pat_bytes = pattern.size() * 2;
+  // Values of weight-like magnitude, so compressed encodings see realistic entropy. One
+  // pattern, read at shifting offsets.
+  const std::vector<uint8_t> pattern = WeightPattern(dtype, uint64_t{16} << 20);
+  const uint8_t* pat = pattern.data();
+  const uint64_t pat_bytes = pattern.size();
 
   // Ctrl-C stops the generation through the writer (CatchInterrupts), whose error path
   // removes its temporary file, which no signal handler could name.
@@ -162,7 +197,7 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
       FERRY_RETURN_IF_ERROR(interrupted());
       auto* out = static_cast<uint8_t*>(dst);
       for (size_t done = 0; done < size;) {
-        uint64_t at = (start + offset + done) % pat_bytes & ~uint64_t{1};
+        uint64_t at = (start + offset + done) % pat_bytes / elem * elem;
         size_t n = std::min<uint64_t>(size - done, pat_bytes - at);
         std::memcpy(out + done, pat + at, n);
         done += n;
@@ -170,7 +205,7 @@ Status Generate(const std::string& path, uint64_t target, Encoding encoding, Lay
       progress.Add(size);
       return Status::Ok();
     };
-    FERRY_RETURN_IF_ERROR(writer.AddTensorFrom(t.name, DType::kBF16, t.shape, fill, encoding));
+    FERRY_RETURN_IF_ERROR(writer.AddTensorFrom(t.name, dtype, t.shape, fill, encoding));
   }
   writer.SetMetadata("generator", "ferry bench --generate").ok();
   Status st = writer.Commit();
@@ -201,6 +236,59 @@ void WarmPageCache(const Reader& reader) {
     progress.Add(std::min<uint64_t>(4096, size - off));
   }
   (void)sink;
+}
+
+// CPUs this process may run on (taskset narrows them; hardware_concurrency does not see it).
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
+// Drops the file's pages from the page cache (written back first), so that the next read goes
+// to the disk; returns the fraction still resident (1 on tmpfs, which has no disk to go to).
+double EvictFromPageCache(const std::string& path, const Reader& reader) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  const BlockSource& blocks = BlocksOf(reader);
+  if (blocks.mapping() == nullptr) return -1;
+  return blocks.mapping()->ResidentFraction({{0, reader.file_size()}});
+}
+
+// Sequential O_DIRECT reads of the whole file, 16 MiB requests on 4 threads: the disk's rate,
+// which a cold load is compared with (a compressed load should beat it by its ratio).
+// Returns seconds, or a negative value where the file system refuses O_DIRECT.
+double DirectReadSeconds(const std::string& path, uint64_t size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (fd < 0) return -1;
+  constexpr uint64_t kRequest = uint64_t{16} << 20;
+  constexpr int kThreads = 4;
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  double t0 = Now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([&] {
+      void* buf = std::aligned_alloc(4096, kRequest);
+      if (buf == nullptr) {
+        failed = true;
+        return;
+      }
+      for (uint64_t off; (off = next.fetch_add(kRequest)) < size;) {
+        if (::pread(fd, buf, kRequest, static_cast<off_t>(off)) < 0) failed = true;
+      }
+      std::free(buf);
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  double secs = Now() - t0;
+  ::close(fd);
+  return failed ? -1 : secs;
 }
 
 struct Runs {
@@ -249,11 +337,11 @@ class HostCeiling {
 
   // Whether any tensor is encoded: the ceiling is then a decode rate.
   bool encoded() const { return encoded_; }
-  // Whether a GPU load decodes some of the blocks on the CPU: zstd blocks always, PLANES blocks
-  // when checksums are verified (on the host).
-  bool cpu_decoded(bool verify) const {
+  // Whether a GPU load decodes some of the blocks on the CPU: zstd blocks (PLANES blocks expand
+  // on the device, verified or not).
+  bool cpu_decoded() const {
     for (const Piece& p : pieces_) {
-      if (p.zstd || p.width > 1 || (verify && p.planes)) return true;
+      if (p.zstd || p.width > 1) return true;
     }
     return false;
   }
@@ -331,10 +419,7 @@ class HostCeiling {
       }
     };
     double t0 = Now();
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-    work(0);
-    for (auto& t : pool) t.join();
+    RunParts(threads, work);
     double secs = Now() - t0;
     if (error.failed()) return error.Get();
     if (stride != 1) return secs;
@@ -445,7 +530,10 @@ int RunBench(const BenchOptions& options) {
     size_t count = 0;
     double t0 = Now();
     const Encoding encoding = ParseEncoding(options.encoding).value_or(Encoding::kRaw);
-    Status st = Generate(path, *size, encoding, &layout, &count);
+    const DType dtype = options.dtype == "f8_e4m3"   ? DType::kF8_E4M3FN
+                        : options.dtype == "f8_e5m2" ? DType::kF8_E5M2
+                                                     : DType::kBF16;
+    Status st = Generate(path, *size, encoding, dtype, &layout, &count);
     if (!st.ok()) {
       Fail(st);
       ::unlink(path.c_str());  // a commit that failed after its rename
@@ -464,17 +552,28 @@ int RunBench(const BenchOptions& options) {
       return 128 + InterruptSignal();
     }
     generated_desc =
-        StrCat(", generated in ", static_cast<int>((Now() - t0) * 1000), " ms: ", count,
-               " bf16 tensors, llama-like: hidden ", layout.hidden, ", ffn ", layout.ffn, ", kv ",
-               layout.kv, ", ", layout.layers, " layers, vocab ", layout.vocab);
+        StrCat(", generated in ", static_cast<int>((Now() - t0) * 1000), " ms: ", count, " ",
+               options.dtype, " tensors, llama-like: hidden ", layout.hidden, ", ffn ", layout.ffn,
+               ", kv ", layout.kv, ", ", layout.layers, " layers, vocab ", layout.vocab);
   }
 
   auto opened = Reader::Open(path);
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < reader.num_tensors(); ++i) bytes += reader.tensor(i).nbytes;
-  WarmPageCache(reader);
+  uint64_t bytes = 0, stored = 0;
+  std::map<std::string, uint64_t> by_encoding;  // raw bytes per encoding
+  for (size_t i = 0; i < reader.num_tensors(); ++i) {
+    const TensorRecord t = BlocksOf(reader).Record(i);
+    bytes += t.nbytes;
+    stored += t.data_size;
+    by_encoding[EncodingName(t.encoding)] += t.nbytes;
+  }
+  double resident_before = 1;
+  if (options.cold) {
+    resident_before = EvictFromPageCache(path, reader);
+  } else {
+    WarmPageCache(reader);
+  }
 
   LoaderOptions lo;
   lo.threads = options.threads;
@@ -488,10 +587,7 @@ int RunBench(const BenchOptions& options) {
           : options.io == "direct"   ? IoMode::kDirect
                                      : IoMode::kAuto;
   lo.verify = options.verify;
-  int threads =
-      options.threads > 0
-          ? options.threads
-          : static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  int threads = options.threads > 0 ? options.threads : DefaultThreads(8);
 
 #ifdef FERRY_HAVE_CUDA
   if (options.device >= 0) {
@@ -557,6 +653,13 @@ int RunBench(const BenchOptions& options) {
   std::printf("checkpoint  %s (%s, %zu tensors%s)\n", path.c_str(), HumanBytes(bytes).c_str(),
               reader.num_tensors(), generated_desc.c_str());
   std::printf("target      %s\n", target.c_str());
+  std::string encodings;
+  for (const auto& [name, raw] : by_encoding) {
+    encodings += StrCat(encodings.empty() ? "" : ", ", name, " ", HumanBytes(raw));
+  }
+  std::printf("stored      %s for %s of tensors: ratio %.3fx (%s)\n", HumanBytes(stored).c_str(),
+              HumanBytes(bytes).c_str(), stored ? static_cast<double>(bytes) / stored : 0.0,
+              encodings.c_str());
   std::string threads_desc =
       options.threads > 0 ? std::to_string(options.threads) : std::string("auto");
   std::printf("loader      threads %s, slot %d MiB, staging %d MiB, path %s, io %s%s, %s\n",
@@ -568,15 +671,24 @@ int RunBench(const BenchOptions& options) {
   // The codec alone on the same blocks: the ceiling of host loads; beside a GPU load, the rate
   // its CPU decoding is bound by (zstd blocks; PLANES blocks decode on the GPU unless verified).
   auto host_ceiling = std::make_unique<HostCeiling>(reader, bytes);
-  if (gpu && !host_ceiling->cpu_decoded(options.verify)) host_ceiling.reset();
+  if (gpu && !host_ceiling->cpu_decoded()) host_ceiling.reset();
   // Loads of mostly encoded tensors run on the whole pool, copies on at most `threads`.
   const int ceiling_threads =
       host_ceiling && host_ceiling->encoded() ? loader.options().threads : threads;
 
   auto warm = load_once();
   if (!warm.ok()) return Fail(warm.status());
-  std::printf("warm-up     %.3f s  %s  (first load%s)\n", *warm, Rate(bytes, *warm).c_str(),
-              gpu ? ": includes pinned staging set-up" : "");
+  if (options.cold) {
+    std::printf(
+        "cold        %.3f s  %s  (first load, from the disk: %.0f%% of the file in the "
+        "page cache before it%s)\n",
+        *warm, Rate(bytes, *warm).c_str(), std::max(0.0, resident_before) * 100,
+        loader.last_stats().used_direct_io ? "; O_DIRECT reads" : "");
+    WarmPageCache(reader);
+  } else {
+    std::printf("warm-up     %.3f s  %s  (first load%s)\n", *warm, Rate(bytes, *warm).c_str(),
+                gpu ? ": includes pinned staging set-up" : "");
+  }
   Runs runs;
   for (int r = 0; r < options.repeat; ++r) {
     auto secs = load_once();
@@ -649,6 +761,26 @@ int RunBench(const BenchOptions& options) {
         "note        the loads read with O_DIRECT, so the disk bounds them, not the "
         "ceiling above\n");
   }
+  double disk_secs = 0;
+  if (options.cold) {
+    disk_secs = DirectReadSeconds(path, reader.file_size());
+    if (disk_secs > 0) {
+      std::printf(
+          "disk        %s of stored bytes (O_DIRECT, 16 MiB reads, 4 threads); the cold "
+          "load ran at %.2fx of it\n",
+          Rate(reader.file_size(), disk_secs).c_str(), disk_secs / *warm);
+    } else {
+      std::printf("disk        no O_DIRECT on this file system: no disk rate to compare with\n");
+    }
+  }
+  // One line per run for scripts: decimal GB/s of tensor bytes.
+  std::printf("summary     ratio=%.3f cpus=%d first=%.2f hot=%.2f ceiling=%.2f hot/ceiling=%.3f",
+              stored ? static_cast<double>(bytes) / stored : 0.0, UsableCpus(), bytes / *warm / 1e9,
+              bytes / median / 1e9, bytes / ceiling_secs / 1e9, ceiling_secs / median);
+  if (options.cold) {
+    std::printf(" cold_first/disk=%.3f", disk_secs > 0 ? disk_secs / *warm : 0.0);
+  }
+  std::printf("\n");
   if (options.keep && !options.generate.empty()) std::printf("kept        %s\n", path.c_str());
   return kExitOk;
 }

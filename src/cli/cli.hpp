@@ -57,6 +57,10 @@ struct BenchOptions {
   bool verify = false;
   bool prealloc = false;
   std::string encoding = "raw";  // of the --generate checkpoint
+  std::string dtype = "bf16";    // of the --generate checkpoint: bf16, f8_e4m3, f8_e5m2
+  // Evict the file from the page cache before the first load, which then reads the disk;
+  // its rate is printed beside the disk's O_DIRECT read rate.
+  bool cold = false;
 };
 
 int RunInspect(const InspectOptions& options);

@@ -7,6 +7,7 @@
 
 #include "base/strict_json.hpp"
 #include "base/util.hpp"
+#include "format/recipe.hpp"
 
 namespace ferry::cli {
 
@@ -18,8 +19,6 @@ struct Named {
   E value;
 };
 
-constexpr Named<Fp8Format> kFp8Formats[] = {
-    {"E4M3", Fp8Format::kE4M3}, {"E5M2", Fp8Format::kE5M2}, {"HYBRID", Fp8Format::kHybrid}};
 constexpr Named<ScalingMode> kScalingModes[] = {{"per-tensor", ScalingMode::kPerTensor},
                                                 {"mxfp8-1x32", ScalingMode::kMxfp8_1x32},
                                                 {"block-1x128", ScalingMode::kBlock_1x128},
@@ -32,8 +31,6 @@ constexpr Named<SlotRole> kSlotRoles[] = {{"input", SlotRole::kInput},
                                           {"grad_input", SlotRole::kGradInput}};
 constexpr Named<Direction> kDirections[] = {{"forward", Direction::kForward},
                                             {"backward", Direction::kBackward}};
-constexpr Named<AmaxComputeAlgo> kAlgos[] = {{"max", AmaxComputeAlgo::kMax},
-                                             {"most_recent", AmaxComputeAlgo::kMostRecent}};
 constexpr Named<ScaleLayout> kLayouts[] = {{"row-major", ScaleLayout::kRowMajor},
                                            {"swizzled", ScaleLayout::kSwizzled}};
 
@@ -173,87 +170,18 @@ std::optional<QuantizedComponent> ComponentFrom(const Json& j, const char* key) 
 }
 
 Recipe RecipeFrom(const Json& j) {
-  std::string type = String(j, "type");
-  if (type == "none") return std::monostate{};
-  if (type == "DelayedScaling") {
-    DelayedScaling r;
-    r.margin = Int(j, "margin");
-    r.fp8_format = Enum(j, "fp8_format", kFp8Formats);
-    r.amax_history_len = Int(j, "amax_history_len");
-    r.amax_compute_algo = Enum(j, "amax_compute_algo", kAlgos);
-    r.reduce_amax = Bool(j, "reduce_amax");
-    r.fp8_dpa = Bool(j, "fp8_dpa");
-    r.fp8_mha = Bool(j, "fp8_mha");
-    return r;
-  }
-  if (type == "Float8CurrentScaling") {
-    return Float8CurrentScaling{Enum(j, "fp8_format", kFp8Formats), Bool(j, "fp8_dpa"),
-                                Bool(j, "fp8_mha")};
-  }
-  if (type == "MXFP8BlockScaling") return MXFP8BlockScaling{Enum(j, "fp8_format", kFp8Formats)};
-  if (type == "Float8BlockScaling") {
-    return Float8BlockScaling{Enum(j, "fp8_format", kFp8Formats), Int(j, "x_block_scaling_dim"),
-                              Int(j, "w_block_scaling_dim"), Int(j, "grad_block_scaling_dim")};
-  }
-  if (type == "NVFP4BlockScaling") {
-    return NVFP4BlockScaling{Bool(j, "disable_rht"), Bool(j, "disable_stochastic_rounding"),
-                             Bool(j, "disable_2d_quantization")};
-  }
-  if (type == "CustomRecipe") return CustomRecipe{String(j, "name"), String(j, "qfactory")};
-  throw Bad{StrCat("unknown recipe type ", Quote(type))};
+  auto recipe = format::RecipeFromJson(j);
+  if (!recipe.ok()) throw Bad{recipe.status().message()};
+  return *std::move(recipe);
 }
 
 }  // namespace
 
-const char* Fp8FormatName(Fp8Format f) { return NameOf(kFp8Formats, f); }
 const char* ScalingModeName(ScalingMode m) { return NameOf(kScalingModes, m); }
 const char* SlotRoleName(SlotRole r) { return NameOf(kSlotRoles, r); }
 const char* DirectionName(Direction d) { return NameOf(kDirections, d); }
 
-Json RecipeJson(const Recipe& recipe) {
-  Json j = Json::object();
-  std::visit(
-      [&](const auto& r) {
-        using T = std::decay_t<decltype(r)>;
-        if constexpr (std::is_same_v<T, std::monostate>) {
-          j["type"] = "none";
-        } else if constexpr (std::is_same_v<T, DelayedScaling>) {
-          j["type"] = "DelayedScaling";
-          j["margin"] = r.margin;
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-          j["amax_history_len"] = r.amax_history_len;
-          j["amax_compute_algo"] = NameOf(kAlgos, r.amax_compute_algo);
-          j["reduce_amax"] = r.reduce_amax;
-          j["fp8_dpa"] = r.fp8_dpa;
-          j["fp8_mha"] = r.fp8_mha;
-        } else if constexpr (std::is_same_v<T, Float8CurrentScaling>) {
-          j["type"] = "Float8CurrentScaling";
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-          j["fp8_dpa"] = r.fp8_dpa;
-          j["fp8_mha"] = r.fp8_mha;
-        } else if constexpr (std::is_same_v<T, MXFP8BlockScaling>) {
-          j["type"] = "MXFP8BlockScaling";
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-        } else if constexpr (std::is_same_v<T, Float8BlockScaling>) {
-          j["type"] = "Float8BlockScaling";
-          j["fp8_format"] = Fp8FormatName(r.fp8_format);
-          j["x_block_scaling_dim"] = r.x_block_scaling_dim;
-          j["w_block_scaling_dim"] = r.w_block_scaling_dim;
-          j["grad_block_scaling_dim"] = r.grad_block_scaling_dim;
-        } else if constexpr (std::is_same_v<T, NVFP4BlockScaling>) {
-          j["type"] = "NVFP4BlockScaling";
-          j["disable_rht"] = r.disable_rht;
-          j["disable_stochastic_rounding"] = r.disable_stochastic_rounding;
-          j["disable_2d_quantization"] = r.disable_2d_quantization;
-        } else if constexpr (std::is_same_v<T, CustomRecipe>) {
-          j["type"] = "CustomRecipe";
-          j["name"] = r.name;
-          j["qfactory"] = r.qfactory;
-        }
-      },
-      recipe);
-  return j;
-}
+Json RecipeJson(const Recipe& recipe) { return format::RecipeToJson(recipe); }
 
 std::string RecipeText(const Recipe& recipe) {
   Json j = RecipeJson(recipe);

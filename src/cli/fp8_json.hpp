@@ -20,7 +20,6 @@ using Json = nlohmann::ordered_json;
 inline constexpr char kQuantizedKey[] = "tensorferry.quantized";
 inline constexpr char kScalingKey[] = "tensorferry.scaling";
 
-const char* Fp8FormatName(Fp8Format f);
 const char* ScalingModeName(ScalingMode m);
 const char* SlotRoleName(SlotRole r);
 const char* DirectionName(Direction d);

@@ -111,6 +111,12 @@ int main(int argc, char** argv) {
                    std::string("encoding of the --generate checkpoint: ") + kEncodingNames)
       ->capture_default_str()
       ->check(encoding_check);
+  bench_cmd->add_option("--dtype", bench.dtype, "element type of the --generate checkpoint")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f8_e4m3", "f8_e5m2"}));
+  bench_cmd->add_flag("--cold", bench.cold,
+                      "evict the file from the page cache first: the first load reads the disk "
+                      "(printed beside the disk's O_DIRECT read rate)");
   bench_cmd->add_flag("--prealloc", bench.prealloc,
                       "load into destination buffers allocated once, outside the timed runs "
                       "(default: the loader allocates, as most callers let it)");

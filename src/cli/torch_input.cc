@@ -1,14 +1,19 @@
 // `ferry inspect` and `ferry convert` of PyTorch checkpoints: torch.save files (.pt, .bin),
 // sharded pytorch_model.bin.index.json and DCP folders, read without running their pickles
-// (src/torch_import).
+// (src/import/torch).
+//
+// Everything this file prints reaches the terminal through Emit, which escapes the whole line
+// (Printable): names, keys, values, storage locations, recipe fields and warnings all come
+// from a hostile file, and a line assembled from them is escaped once, at the end, whichever
+// of them it holds. Nothing here calls printf on file text.
 #include <cstdio>
-#include <set>
+#include <string_view>
 
+#include "base/util.hpp"
 #include "cli.hpp"
 #include "fp8_json.hpp"
 #include "import/torch/import_writer.hpp"
 #include "import/torch/torch_checkpoint.hpp"
-#include "base/util.hpp"
 
 namespace ferry::cli {
 
@@ -17,26 +22,80 @@ namespace {
 using torch_import::ImportedTensor;
 using torch_import::TorchCheckpoint;
 
-// Printable: control bytes escaped, as Quote does, without the quotes.
-std::string Printable(const std::string& s) {
-  std::string q = Quote(s);
-  return q.substr(1, q.size() - 2);
+// One line of output, escaped whole.
+void Emit(std::FILE* f, std::string_view line) {
+  std::string out = Printable(line);
+  out += '\n';
+  std::fwrite(out.data(), 1, out.size(), f);
+}
+
+// --json: ASCII only (non-ASCII code points as \u escapes, invalid UTF-8 as U+FFFD), and
+// through Emit line by line like everything else.
+void EmitJson(const Json& j) {
+  const std::string text = j.dump(2, ' ', true, Json::error_handler_t::replace);
+  for (size_t begin = 0; begin <= text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    Emit(stdout, std::string_view(text).substr(begin, end - begin));
+    begin = end + 1;
+  }
 }
 
 std::string Notes(const ImportedTensor& t) {
   std::string notes;
-  if (!torch_import::IsContiguous(*t.ref)) notes += "strided view (copied dense)";
-  if (t.ref->storage_offset != 0)
-    notes += std::string(notes.empty() ? "" : ", ") + "storage offset";
-  if (t.location != "cpu") {
-    notes += std::string(notes.empty() ? "" : ", ") + "saved from " + Printable(t.location);
-  }
+  auto add = [&](std::string_view note) { notes += StrCat(notes.empty() ? "" : ", ", note); };
+  if (!torch_import::IsContiguous(*t.ref)) add("strided view (copied dense)");
+  if (t.ref->storage_offset != 0) add("storage offset");
+  if (t.location != "cpu") add(StrCat("saved from ", t.location));
   return notes;
 }
 
-void PrintSkipped(const TorchCheckpoint& ck) {
-  for (const std::string& s : ck.skipped()) {
-    std::fprintf(stderr, "ferry: warning: not imported: %s\n", Printable(s).c_str());
+void EmitSkipped(const TorchCheckpoint& ck) {
+  for (const std::string& s : ck.skipped()) Emit(stderr, "ferry: warning: not imported: " + s);
+}
+
+Json InspectJson(const TorchCheckpoint& ck, uint64_t total) {
+  Json j = Json::object();
+  j["path"] = ck.path();
+  j["format"] = ck.kind();
+  j["raw_bytes"] = total;
+  Json jt = Json::array();
+  for (const ImportedTensor& t : ck.tensors()) {
+    Json e = Json::object();
+    e["name"] = t.name;
+    e["dtype"] = DTypeName(t.dtype);
+    e["shape"] = t.shape;
+    e["raw_bytes"] = t.nbytes;
+    e["torch_dtype"] = t.ref->dtype.name;
+    e["storage"] = t.ref->storage->key;
+    e["storage_offset"] = t.ref->storage_offset;
+    e["stride"] = t.ref->stride;
+    e["contiguous"] = torch_import::IsContiguous(*t.ref);
+    e["saved_location"] = t.location;
+    e["source"] = t.source;
+    jt.push_back(std::move(e));
+  }
+  j["tensors"] = std::move(jt);
+  Json js = Json::array();
+  for (const ScalingState& s : ck.scaling()) js.push_back(ScalingJson(s));
+  j["scaling"] = std::move(js);
+  Json jm = Json::object();
+  for (const auto& [k, v] : ck.metadata()) jm[k] = v;
+  j["metadata"] = std::move(jm);
+  j["skipped"] = ck.skipped();
+  return j;
+}
+
+void EmitScaling(const TorchCheckpoint& ck) {
+  Emit(stdout, StrCat("\nTransformerEngine extra state (", ck.scaling().size(), " modules)"));
+  for (const ScalingState& s : ck.scaling()) {
+    Emit(stdout, StrCat("  ", s.module, ": ", RecipeText(s.recipe)));
+    if (s.states.empty()) Emit(stdout, "    (no scaling state)");
+    for (const DirectionState& d : s.states) {
+      Emit(stdout, StrCat("    ", DirectionName(d.direction), ": num_gemms ", d.num_gemms, ", ",
+                          d.slot_roles.size(), " slots, amax_history ", d.history_len, " x ",
+                          d.slot_roles.size()));
+    }
   }
 }
 
@@ -51,71 +110,26 @@ int RunInspectTorch(const InspectOptions& options) {
   uint64_t total = 0;
   for (const ImportedTensor& t : ck.tensors()) total += t.nbytes;
   if (options.json) {
-    Json j = Json::object();
-    j["path"] = ck.path();
-    j["format"] = ck.kind();
-    j["raw_bytes"] = total;
-    Json jt = Json::array();
-    for (const ImportedTensor& t : ck.tensors()) {
-      Json e = Json::object();
-      e["name"] = t.name;
-      e["dtype"] = DTypeName(t.dtype);
-      e["shape"] = t.shape;
-      e["raw_bytes"] = t.nbytes;
-      e["torch_dtype"] = t.ref->dtype.name;
-      e["storage"] = t.ref->storage->key;
-      e["storage_offset"] = t.ref->storage_offset;
-      e["stride"] = t.ref->stride;
-      e["contiguous"] = torch_import::IsContiguous(*t.ref);
-      e["saved_location"] = t.location;
-      e["source"] = t.source;
-      jt.push_back(std::move(e));
-    }
-    j["tensors"] = std::move(jt);
-    Json js = Json::array();
-    for (const ScalingState& s : ck.scaling()) js.push_back(ScalingJson(s));
-    j["scaling"] = std::move(js);
-    Json jm = Json::object();
-    for (const auto& [k, v] : ck.metadata()) jm[k] = v;
-    j["metadata"] = std::move(jm);
-    j["skipped"] = ck.skipped();
-    std::string text = j.dump(2, ' ', false, Json::error_handler_t::replace);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fputc('\n', stdout);
+    EmitJson(InspectJson(ck, total));
     return kExitOk;
   }
-  std::printf("file       %s\n", Printable(ck.path()).c_str());
-  std::printf("format     %s (read without running its pickles)\n", ck.kind().c_str());
-  std::printf("tensors    %zu, %s\n", ck.tensors().size(), HumanBytes(total).c_str());
-  if (!ck.tensors().empty()) {
-    std::printf("\n");
-    for (const ImportedTensor& t : ck.tensors()) {
-      std::string notes = Notes(t);
-      std::printf("%s  %s  %s  %s%s%s\n", Printable(t.name).c_str(), DTypeName(t.dtype),
-                  ShapeString(t.shape).c_str(), HumanBytes(t.nbytes).c_str(),
-                  notes.empty() ? "" : "  ", notes.c_str());
-    }
+  Emit(stdout, StrCat("file       ", ck.path()));
+  Emit(stdout, StrCat("format     ", ck.kind(), " (read without running its pickles)"));
+  Emit(stdout, StrCat("tensors    ", ck.tensors().size(), ", ", HumanBytes(total)));
+  if (!ck.tensors().empty()) Emit(stdout, "");
+  for (const ImportedTensor& t : ck.tensors()) {
+    std::string notes = Notes(t);
+    Emit(stdout, StrCat(t.name, "  ", DTypeName(t.dtype), "  ", ShapeString(t.shape), "  ",
+                        HumanBytes(t.nbytes), notes.empty() ? "" : "  ", notes));
   }
-  if (!ck.scaling().empty()) {
-    std::printf("\nTransformerEngine extra state (%zu modules)\n", ck.scaling().size());
-    for (const ScalingState& s : ck.scaling()) {
-      std::printf("  %s: %s\n", Printable(s.module).c_str(), RecipeText(s.recipe).c_str());
-      if (s.states.empty()) std::printf("    (no scaling state)\n");
-      for (const DirectionState& d : s.states) {
-        std::printf("    %s: num_gemms %d, %zu slots, amax_history %d x %zu\n",
-                    DirectionName(d.direction), d.num_gemms, d.slot_roles.size(), d.history_len,
-                    d.slot_roles.size());
-      }
-    }
-  }
+  if (!ck.scaling().empty()) EmitScaling(ck);
   if (!ck.metadata().empty()) {
-    std::printf("\nmetadata (%zu)\n", ck.metadata().size());
+    Emit(stdout, StrCat("\nmetadata (", ck.metadata().size(), ")"));
     for (const auto& [k, v] : ck.metadata()) {
-      std::string value = v.size() > 200 ? v.substr(0, 200) + "..." : v;
-      std::printf("  %s = %s\n", Printable(k).c_str(), Printable(value).c_str());
+      Emit(stdout, StrCat("  ", k, " = ", v.size() > 200 ? v.substr(0, 200) + "..." : v));
     }
   }
-  PrintSkipped(ck);
+  EmitSkipped(ck);
   return kExitOk;
 }
 
@@ -123,7 +137,7 @@ int RunConvertTorch(const ConvertOptions& options, const WriterOptions& wo) {
   auto opened = TorchCheckpoint::Open(options.in);
   if (!opened.ok()) return Fail(opened.status());
   const TorchCheckpoint& ck = **opened;
-  PrintSkipped(ck);
+  EmitSkipped(ck);
   uint64_t total = 0;
   for (const ImportedTensor& t : ck.tensors()) total += t.nbytes;
   torch_import::ImportWriteOptions o;
@@ -142,13 +156,13 @@ int RunConvertTorch(const ConvertOptions& options, const WriterOptions& wo) {
   Status st = torch_import::WriteImported(ck, options.out, o);
   progress.Finish();
   if (!st.ok()) return Fail(st);
-  std::printf("%s (%s) -> %s\n", Printable(options.in).c_str(), ck.kind().c_str(),
-              Printable(options.out).c_str());
-  std::printf(
-      "%zu tensors, %s of tensor data, %zu TransformerEngine modules' scaling state, "
-      "%.2f s (%s)\n",
-      ck.tensors().size(), HumanBytes(total).c_str(), ck.scaling().size(), progress.seconds(),
-      Rate(total, progress.seconds()).c_str());
+  if (g_quiet) return kExitOk;
+  Emit(stdout, StrCat(options.in, " (", ck.kind(), ") -> ", options.out));
+  char timing[64];
+  std::snprintf(timing, sizeof(timing), "%.2f s", progress.seconds());
+  Emit(stdout, StrCat(ck.tensors().size(), " tensors, ", HumanBytes(total), " of tensor data, ",
+                      ck.scaling().size(), " TransformerEngine modules' scaling state, ", timing,
+                      " (", Rate(total, progress.seconds()), ")"));
   return kExitOk;
 }
 

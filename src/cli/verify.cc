@@ -3,12 +3,11 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <system_error>
-#include <thread>
 
-#include "format/block_source.hpp"
-#include "cli.hpp"
 #include "base/util.hpp"
+#include "base/worker_pool.hpp"
+#include "cli.hpp"
+#include "format/block_source.hpp"
 
 namespace ferry::cli {
 
@@ -57,10 +56,7 @@ int RunVerify(const VerifyOptions& options) {
   for (size_t i = 0; i < reader.num_tensors(); ++i) {
     for (uint64_t b = 0; b < blocks.NumBlocks(i); ++b) items.emplace_back(i, b);
   }
-  int threads = options.threads;
-  if (threads <= 0) {
-    threads = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
-  }
+  int threads = options.threads > 0 ? options.threads : DefaultThreads(16);
   threads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(1, items.size())));
 
   Progress progress("verifying", raw_total);
@@ -89,16 +85,13 @@ int RunVerify(const VerifyOptions& options) {
       progress.Add(blocks.Block(i, b).raw_size);
     }
   };
-  std::vector<std::thread> pool;
-  try {
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  } catch (const std::system_error& e) {
+  const int ran = RunParts(threads, [&](int) { work(); });
+  if (ran < threads) {
     // Fewer threads than asked for (a thread or address-space limit): slower, same result.
-    std::fprintf(stderr, "ferry: warning: verifying with %zu threads, not %d: %s\n",
-                 pool.size() + 1, threads, e.what());
+    std::fprintf(stderr,
+                 "ferry: warning: verifying with %d threads, not %d: the system refused more\n",
+                 ran, threads);
   }
-  work();
-  for (auto& t : pool) t.join();
   progress.Finish();
   if (!resource.ok()) return Fail(resource);
   double secs = progress.seconds();

@@ -5,8 +5,8 @@
 #include <queue>
 #include <vector>
 
-#include "codec/codec.hpp"
 #include "base/util.hpp"
+#include "codec/codec.hpp"
 
 namespace ferry::planes {
 namespace {
@@ -31,6 +31,15 @@ inline uint32_t Reverse(uint32_t code, int len) {
 }
 
 inline size_t Align16(size_t v) { return (v + 15) & ~size_t{15}; }
+
+// Moves `pos` to the next 16-byte boundary, zeroing the bytes it skips: `out` is usually a
+// reused buffer, and stale bytes there would make the stored block depend on what it held
+// before (which worker encoded it) and carry bytes of other blocks into the file.
+inline size_t ZeroPad16(uint8_t* out, size_t pos) {
+  const size_t end = Align16(pos);
+  std::memset(out + pos, 0, end - pos);
+  return end;
+}
 
 uint32_t UnitSymbols(uint32_t sps) { return kStreamsPerUnit * sps; }
 
@@ -269,7 +278,7 @@ size_t Encode(const uint8_t* raw, size_t n, size_t width, uint8_t* out, uint8_t*
   std::vector<uint32_t> words;
   for (size_t k = 0; k < width; ++k) {
     const uint8_t* plane = scratch + k * count;
-    pos = Align16(pos);
+    pos = ZeroPad16(out, pos);
     uint8_t* sec = out + pos;
     bool coded = false;
     uint32_t size = count;
@@ -356,7 +365,7 @@ size_t Encode(const uint8_t* raw, size_t n, size_t width, uint8_t* out, uint8_t*
     if (pos > budget) return 0;
   }
   const size_t tail = n - size_t{count} * width;
-  pos = Align16(pos);
+  pos = ZeroPad16(out, pos);
   Store32(out + 24, static_cast<uint32_t>(pos));
   if (tail) std::memcpy(out + pos, scratch + size_t{count} * width, tail);
   pos += tail;

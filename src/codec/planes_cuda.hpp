@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "ferry/status.hpp"
 #include "codec/planes.hpp"
+#include "ferry/status.hpp"
 
 namespace ferry::planes {
 
@@ -31,6 +31,11 @@ struct DeviceJob {
 // write leaves the blocks' extents, whatever their contents. Returns an error only for launch
 // failures and misaligned inputs. Thread-safe.
 Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream_t stream);
+
+// Loads the decode kernel on the current device and sets its shared-memory limit, which the
+// first DecodeOnDevice on a device does otherwise (under lazy module loading, the kernel's
+// module is loaded then). Idempotent per device; thread-safe.
+Status PrepareDevice();
 
 // "unit U of plane K: <what>" for a nonzero device error value.
 std::string DeviceErrorText(uint32_t code);

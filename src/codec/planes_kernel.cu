@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "codec/planes_cuda.hpp"
 #include "base/util.hpp"
+#include "codec/planes_cuda.hpp"
 
 namespace ferry::planes {
 namespace {
@@ -303,20 +303,20 @@ std::string DeviceErrorText(uint32_t code) {
   return StrCat("unit ", code >> 8, " of plane ", (code >> 4) & 15, ": ", what);
 }
 
-Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream_t stream) {
-  if (n <= 0) return Status::Ok();
-  cudaError_t e;
-  // The shared-memory opt-in belongs to each device's context: set once per device.
+namespace {
+
+constexpr size_t kMaxShared =
+    sizeof(uint16_t) * kTableEntries * kMaxWidth + kWarps * size_t{kUnitBuffer};
+
+// The current device's SM count, with the kernel configured for it (once per device).
+Status ConfigureDevice(int* sms_out) {
   static std::atomic<uint64_t> configured{0};
+  static std::atomic<int> sm_count[64];
   int device = 0;
-  e = cudaGetDevice(&device);
+  cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) {
     return Error(StatusCode::kCudaError, "planes decode: cudaGetDevice: ", cudaGetErrorString(e));
   }
-  const size_t kMaxShared =
-      sizeof(uint16_t) * kTableEntries * kMaxWidth + kWarps * size_t{kUnitBuffer};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  static std::atomic<int> sm_count[64];
   int sms = sm_count[device & 63].load(std::memory_order_relaxed);
   if (sms == 0) {
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -325,6 +325,8 @@ Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream
     }
     sm_count[device & 63].store(sms, std::memory_order_relaxed);
   }
+  // The shared-memory opt-in belongs to each device's context.
+  const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(configured.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(PlanesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(kMaxShared));
@@ -334,6 +336,22 @@ Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream
     }
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
+  *sms_out = sms;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PrepareDevice() {
+  int sms = 0;
+  return ConfigureDevice(&sms);
+}
+
+Status DecodeOnDevice(const DeviceJob* jobs, int n, uint32_t* errors, cudaStream_t stream) {
+  if (n <= 0) return Status::Ok();
+  int sms = 0;
+  FERRY_RETURN_IF_ERROR(ConfigureDevice(&sms));
+  cudaError_t e;
   for (int first = 0; first < n;) {
     KParams p;
     std::memset(&p, 0, sizeof(p));

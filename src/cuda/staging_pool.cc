@@ -1,48 +1,69 @@
+// Pinned host staging memory (src/cuda/staging_pool.hpp).
 #include "cuda/staging_pool.hpp"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
-#include <vector>
 
-#include "cuda/cuda_util.hpp"
+#include "base/host_memory.hpp"
 #include "base/util.hpp"
+#include "base/worker_pool.hpp"
+#include "cuda/cuda_util.hpp"
+#include "cuda/device_alloc.hpp"
 
 namespace ferry {
 
 namespace {
-constexpr uint64_t kPieceAlign = 256;
 constexpr uint64_t kPageBytes = 4096;
 
 #ifdef FERRY_HAVE_CUDA
-// First touch of fresh pages, spread over threads: registering prefaulted memory is faster,
-// and page faults are what a one-thread touch of many GiB waits on.
+// First touch of fresh pages, spread over threads from 64 MiB up: page faults (zeroing) are
+// what a one-thread touch of many GiB waits on.
 void Prefault(uint8_t* p, uint64_t n) {
-  unsigned hw = std::thread::hardware_concurrency();
-  const uint64_t parts = n < (uint64_t{64} << 20) ? 1 : std::clamp<uint64_t>(hw, 1, 16);
+  const int parts = n < (uint64_t{64} << 20) ? 1 : DefaultThreads(16);
   const uint64_t step = AlignUp((n + parts - 1) / parts, kPageBytes);
-  auto touch = [=](uint64_t k) {
-    if (k * step < n) std::memset(p + k * step, 0, std::min(step, n - k * step));
-  };
-  std::vector<std::thread> threads;
-  uint64_t k = 1;
-  try {
-    for (; k < parts; ++k) threads.emplace_back(touch, k);
-  } catch (...) {
-    // Fewer threads only makes it slower: this thread touches the rest.
-  }
-  touch(0);
-  for (; k < parts; ++k) touch(k);
-  for (auto& t : threads) t.join();
+  RunParts(parts, [=](int k) {
+    const uint64_t at = static_cast<uint64_t>(k) * step;
+    if (at < n) std::memset(p + at, 0, std::min(step, n - at));
+  });
 }
 #endif
 }  // namespace
+
+Result<std::unique_ptr<StagingPool::Impl>> StagingPool::Impl::Create(uint64_t bytes,
+                                                                     PinnedAlloc alloc,
+                                                                     std::string name) {
+  if (alloc == PinnedAlloc::kHostAlloc) {
+#ifdef FERRY_HAVE_CUDA
+    void* p = nullptr;
+    FERRY_CUDA_RETURN(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), name);
+    CUcontext ctx = nullptr;
+    if (Driver().ok) Driver().ctx_get_current(&ctx);
+    std::unique_ptr<Impl> impl(new Impl(static_cast<uint8_t*>(p), bytes, bytes, alloc, name));
+    impl->pinned_ = true;
+    impl->pin_ctx_ = ctx;
+    return impl;
+#else
+    return Error(StatusCode::kUnimplemented, name, ": this build has no CUDA support");
+#endif
+  }
+  uint64_t allocated = 0;
+  void* p = AllocateBulk(bytes, kPageBytes, &allocated);
+  if (p == nullptr) {
+    return Error(StatusCode::kResourceExhausted, name, ": cannot allocate ", bytes, " bytes");
+  }
+  return std::unique_ptr<Impl>(
+      new Impl(static_cast<uint8_t*>(p), bytes, allocated, alloc, std::move(name)));
+}
 
 StagingPool::Impl::~Impl() {
 #ifdef FERRY_HAVE_CUDA
   if (pinned_) {
     ScopedContext scope(static_cast<CUcontext>(pin_ctx_));
+    if (alloc_ == PinnedAlloc::kHostAlloc) {
+      cudaFreeHost(base_);
+      return;
+    }
     cudaHostUnregister(base_);
   }
 #endif
@@ -50,10 +71,10 @@ StagingPool::Impl::~Impl() {
 }
 
 Result<StagingPool::Impl::Piece> StagingPool::Impl::Acquire(uint64_t n) {
-  n = AlignUp(std::max<uint64_t>(n, 1), kPieceAlign);
+  n = AlignUp(std::max<uint64_t>(n, 1), kDeviceAlign);
   if (n > bytes_) {
-    return Error(StatusCode::kInvalidArgument, "a block of ", n,
-                 " bytes does not fit the staging pool of ", bytes_, " bytes");
+    return Error(StatusCode::kInvalidArgument, "a block of ", n, " bytes does not fit the ", name_,
+                 " of ", bytes_, " bytes");
   }
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -101,14 +122,14 @@ Status StagingPool::Impl::EnsurePinned() {
   if (pinned_) return Status::Ok();
 #ifdef FERRY_HAVE_CUDA
   // The current device's context (made current here if the thread has none): never another.
-  FERRY_CUDA_RETURN(cudaFree(nullptr), "staging pool");
+  FERRY_CUDA_RETURN(cudaFree(nullptr), name_);
   CUcontext ctx = nullptr;
   if (Driver().ok) Driver().ctx_get_current(&ctx);
-  Prefault(base_, bytes_);
-  cudaError_t err = cudaHostRegister(base_, bytes_, cudaHostRegisterPortable);
+  Prefault(base_, allocated_);
+  cudaError_t err = cudaHostRegister(base_, allocated_, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return CudaStatus(err, StrCat("staging pool of ", bytes_, " bytes"), "cudaHostRegister");
+    return CudaStatus(err, StrCat(name_, " of ", bytes_, " bytes"), "cudaHostRegister");
   }
   pinned_ = true;
   pin_ctx_ = ctx;
@@ -132,12 +153,8 @@ Result<std::shared_ptr<StagingPool>> StagingPool::Create(uint64_t bytes, bool pi
     return Error(StatusCode::kInvalidArgument, "staging pool of ", bytes,
                  " bytes: needs at least 8192 bytes");
   }
-  bytes = AlignUp(bytes, kPageBytes);
-  void* p = std::aligned_alloc(kPageBytes, bytes);
-  if (p == nullptr) {
-    return Error(StatusCode::kResourceExhausted, "staging pool: cannot allocate ", bytes, " bytes");
-  }
-  auto impl = std::make_unique<Impl>(static_cast<uint8_t*>(p), bytes);
+  FERRY_ASSIGN_OR_RETURN(auto impl, Impl::Create(AlignUp(bytes, kPageBytes),
+                                                 PinnedAlloc::kHostRegister, "staging pool"));
   if (pin) FERRY_RETURN_IF_ERROR(impl->EnsurePinned());
   return std::shared_ptr<StagingPool>(new StagingPool(std::move(impl)));
 }

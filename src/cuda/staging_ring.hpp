@@ -1,14 +1,16 @@
-// A ring of pinned host slots through which bytes move between host and device in stream
-// order: the loader fills a slot on the CPU and copies it to the device; a device writer copies
-// device memory into a slot and drains it on the CPU. Either way, a slot is reused only after
-// the device work that touched it has completed (its event), never by synchronizing a stream.
+// The loader's staging slots: equal pieces of one pinned staging pool (staging_pool.hpp), each
+// with an event, through which bytes move from host to device in stream order: the loader
+// fills a slot on the CPU and copies it to the device, and a slot is reused only after the
+// device work that read it has completed (its event), never by synchronizing a stream.
 //
-// Batch k of a pass uses slot k % num_slots(); batches take a slot in order, so a slot goes to
-// batch k + num_slots() only after batch k released it.
+// Batches of a pass take their slots in batch order (batch k waits for batch k - 1 to have
+// one), so at most num_slots() consecutive batches hold slots at once; a batch holds its slot
+// from Acquire to Release.
 //
 // Thread safety: Prepare, Begin and WaitIdle are called by one thread while no pass runs.
-// During a pass, Acquire, Record, Release and Abort may be called from any number of threads
-// at once; a batch's Acquire, Record and Release come from the thread that runs that batch.
+// During a pass, Acquire, SlotOf, Record, Release and Abort may be called from any number of
+// threads at once; a batch's Acquire, SlotOf, Record and Release come from the thread that
+// runs that batch.
 #ifndef FERRY_SRC_CUDA_STAGING_RING_HPP_
 #define FERRY_SRC_CUDA_STAGING_RING_HPP_
 
@@ -19,37 +21,42 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "cuda/staging_pool.hpp"
 #include "ferry/loader.hpp"
 
 namespace ferry {
 
 class StagingRing {
  public:
-  // `slots` slots of `slot_capacity` bytes each, 4096-byte aligned, allocated by Prepare.
+  // `slots` slots of `slot_capacity` bytes each (a multiple of 4096), allocated by Prepare.
   StagingRing(uint64_t slots, uint64_t slot_capacity, PinnedAlloc alloc);
-  // Waits for the ring's own events, then frees its pinned memory. Run it while the CUDA
-  // context still exists (not from a static destructor).
+  // Waits for the slots' events, then frees the pinned memory. Run it while the CUDA context
+  // still exists (not from a static destructor).
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
-  // Allocates the pinned memory (once) and the slots' events in context `ctx`, the caller's
-  // current one; events are remade, after waiting for the old ones, when `ctx` changes.
+  // Allocates and pins the memory (once) and makes the slots' events in context `ctx`, the
+  // caller's current one; events are remade, after waiting for the old ones, when `ctx`
+  // changes.
   Status Prepare(CUcontext ctx);
   uint64_t num_slots() const { return slots_.size(); }
-  uint64_t pinned_bytes() const { return bytes_; }
+  uint64_t pinned_bytes() const { return pool_ ? slots_.size() * capacity_ : 0; }
 
-  // Starts a pass: batch k of it will use slot k % num_slots().
+  // Starts a pass: its batches are numbered from 0.
   void Begin();
-  // Blocks until slot k % num_slots() is batch k's and the device has finished with its
-  // previous contents; `*data` is then the slot's memory, or null once the pass is aborted.
+  // Blocks until batch k has a slot whose previous contents the device has finished with;
+  // `*data` is then the slot's memory, or null once the pass is aborted (no Release then).
   Status Acquire(uint64_t k, uint8_t** data);
-  // Marks, on `stream`, the point after the device work that reads or writes batch k's slot.
+  // The slot (in [0, num_slots())) that batch k holds.
+  uint64_t SlotOf(uint64_t k) const { return held_[k % held_.size()].slot; }
+  // Marks, on `stream`, the point after the device work that reads batch k's slot.
   Status Record(uint64_t k, cudaStream_t stream);
-  // Hands batch k's slot to batch k + num_slots() (also after a failed batch).
+  // Gives batch k's slot back (also after a failed batch).
   void Release(uint64_t k);
   // Wakes every Acquire of this pass; they return a null slot.
   void Abort();
@@ -58,22 +65,26 @@ class StagingRing {
 
  private:
   struct Slot {
-    uint8_t* data = nullptr;
     cudaEvent_t event = nullptr;
     bool used = false;  // `event` was recorded since the events were made
-    uint64_t turn = 0;  // the batch that may take the slot next
+  };
+  // What batch k holds, at k % num_slots(): at most num_slots() consecutive batches hold
+  // slots, so they never share an entry.
+  struct Held {
+    uint64_t piece = 0;
+    uint64_t slot = 0;
   };
   void DestroyEvents();
-  void Free();
 
   const uint64_t capacity_;
   const PinnedAlloc alloc_;
-  uint8_t* memory_ = nullptr;
-  uint64_t bytes_ = 0;
+  std::unique_ptr<StagingPool::Impl> pool_;
   std::vector<Slot> slots_;
+  std::vector<Held> held_;
   CUcontext ctx_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
+  uint64_t turn_ = 0;  // the batch that may take a slot next
   bool aborted_ = false;
 };
 

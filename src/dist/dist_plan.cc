@@ -106,14 +106,12 @@ uint64_t PlanHash(const std::vector<PlanEntry>& items, int nranks, int rounds) {
 }
 
 uint64_t LayOutArena(std::vector<PlanEntry>* items, uint64_t own_min_bytes) {
-  uint64_t arena_bytes = 0;
+  DeviceArena arena;
   for (PlanEntry& m : *items) {
     m.in_arena = m.caller_dst == nullptr && m.len > 0 && m.len < own_min_bytes;
-    if (!m.in_arena) continue;
-    m.arena_off = arena_bytes;
-    arena_bytes += AlignUp(m.len, kArenaAlign);
+    if (m.in_arena) m.arena_off = arena.Place(m.len);
   }
-  return arena_bytes;
+  return arena.bytes;
 }
 
 Status AgreeOnPlan(const Status& planned, uint64_t hash, const AllReduceMaxFn& all_reduce_max,

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/device_alloc.hpp"
 #include "ferry/distributed.hpp"
 #include "ferry/sharded.hpp"
 
@@ -21,7 +22,7 @@ namespace ferry {
 
 // Broadcasts of arena pieces join across padding shorter than this, and arena entries start
 // on it.
-inline constexpr uint64_t kArenaAlign = 256;
+inline constexpr uint64_t kArenaAlign = kDeviceAlign;
 
 // What the plan needs to know of the checkpoint: its shards and a name lookup.
 struct PlanSource {

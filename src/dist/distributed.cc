@@ -19,6 +19,7 @@
 
 #include "base/util.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/device_alloc.hpp"
 #include "dist/dist_plan.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -274,7 +275,7 @@ class DistributedLoader::Impl {
     if (plan_status.ok()) {
       arena_bytes = LayOutArena(&items, UINT64_MAX);  // one allocation for the call
       if (arena_bytes > 0) {
-        auto allocated = Allocate(arena_bytes, cstream, alloc, src.path);
+        auto allocated = AllocateDeviceMemory(arena_bytes, cstream, alloc, ctx, src.path);
         if (allocated.ok()) {
           arena = *allocated;
         } else {
@@ -348,30 +349,6 @@ class DistributedLoader::Impl {
     stats.bytes = stats.bytes_read + stats.bytes_received;
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return {std::move(out), true};
-  }
-
-  Result<std::shared_ptr<void>> Allocate(uint64_t bytes, cudaStream_t stream,
-                                         const DeviceAllocator* alloc, const std::string& where) {
-    CUcontext c = ctx;
-    if (alloc != nullptr) {
-      void* p = alloc->allocate(bytes, reinterpret_cast<Stream>(stream));
-      if (p == nullptr) {
-        return Error(StatusCode::kResourceExhausted, where,
-                     ": the allocator returned no memory for ", bytes, " bytes");
-      }
-      auto dealloc = alloc->deallocate;
-      return std::shared_ptr<void>(p, [dealloc, bytes, stream, c](void* q) {
-        ScopedContext scope(c);
-        if (dealloc) dealloc(q, bytes, reinterpret_cast<Stream>(stream));
-      });
-    }
-    void* p = nullptr;
-    cudaError_t err = cudaMallocAsync(&p, bytes, stream);
-    if (err != cudaSuccess) return CudaStatus(err, where, "cudaMallocAsync");
-    return std::shared_ptr<void>(p, [stream, c](void* q) {
-      ScopedContext scope(c);
-      cudaFreeAsync(q, stream);
-    });
   }
 
   template <typename DstOf>

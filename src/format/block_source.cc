@@ -212,16 +212,20 @@ Status BlockSource::CheckSum(size_t i, uint64_t b, const uint8_t* raw) const {
   return CompareSum(i, b, sum);
 }
 
-Status BlockSource::CompareSum(size_t i, uint64_t b, uint64_t sum) const {
-  if (!has_checksums()) return Status::Ok();
+uint64_t BlockSource::BlockChecksum(size_t i, uint64_t b) const {
+  return at(i)->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
+}
+
+Status BlockSource::ChecksumMismatch(size_t i, uint64_t b) const {
   const StoredBlock s = Block(i, b);
-  uint64_t expect = at(i)->checksums()->Get(static_cast<flatbuffers::uoffset_t>(b));
-  if (sum != expect) {
-    return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b,
-                 " (raw bytes [", s.raw_offset, ", ", s.raw_offset + s.raw_size,
-                 "), stored at file offset ", s.file_offset, ")");
-  }
-  return Status::Ok();
+  return Error(StatusCode::kDataLoss, Where(i), ": checksum mismatch in block ", b, " (raw bytes [",
+               s.raw_offset, ", ", s.raw_offset + s.raw_size, "), stored at file offset ",
+               s.file_offset, ")");
+}
+
+Status BlockSource::CompareSum(size_t i, uint64_t b, uint64_t sum) const {
+  if (!has_checksums() || sum == BlockChecksum(i, b)) return Status::Ok();
+  return ChecksumMismatch(i, b);
 }
 
 // Scratch over kRetainedScratchBytes is leased from the process-wide budget: released when

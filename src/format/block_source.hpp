@@ -146,6 +146,12 @@ class BlockSource {
   Status VerifyRange(size_t i, uint64_t begin, uint64_t len, const uint8_t* copy) const;
   // Checks stored block b of tensor i (decoding it if encoded).
   Status VerifyBlock(size_t i, uint64_t b) const;
+  // Block b's recorded checksum (XXH3-64 of its raw bytes), for checks made elsewhere (on the
+  // device); meaningful only where has_checksums().
+  uint64_t BlockChecksum(size_t i, uint64_t b) const;
+  // The DataLoss every checksum check reports for block b of tensor i, naming the file, the
+  // tensor, the block, its raw byte range and its file offset.
+  Status ChecksumMismatch(size_t i, uint64_t b) const;
   Status VerifyTensor(size_t i) const;
 
   // The index itself, for the format layer (and tests): the generated types are incomplete

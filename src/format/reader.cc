@@ -3,16 +3,16 @@
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "base/util.hpp"
+#include "base/worker_pool.hpp"
 #include "codec/codec.hpp"
 #include "codec/planes.hpp"
 #include "format/block_source.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
+#include "format/recipe_table.hpp"
 #include "format/safetensors.hpp"
 #include "io/source.hpp"
 
@@ -259,50 +259,9 @@ size_t Count(const flatbuffers::Vector<flatbuffers::Offset<T>>* v) {
   return v == nullptr ? 0 : v->size();
 }
 
-bool ValidFp8Format(fb::Fp8Format f) { return static_cast<uint8_t>(f) <= 2; }
-
 Status CheckRecipe(const Validator& v, const fb::ScalingState* s, const std::string& where) {
-  switch (s->recipe_type()) {
-    case fb::Recipe::NONE:
-      return Status::Ok();
-    case fb::Recipe::DelayedScaling: {
-      auto* r = s->recipe_as_DelayedScaling();
-      if (r == nullptr) return v.Fail(where + ": missing recipe table");
-      if (!ValidFp8Format(r->fp8_format()) || static_cast<uint8_t>(r->amax_compute_algo()) > 1) {
-        return v.Fail(where + ": DelayedScaling has an unknown enum value");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::Float8CurrentScaling: {
-      auto* r = s->recipe_as_Float8CurrentScaling();
-      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
-        return v.Fail(where + ": bad Float8CurrentScaling");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::MXFP8BlockScaling: {
-      auto* r = s->recipe_as_MXFP8BlockScaling();
-      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
-        return v.Fail(where + ": bad MXFP8BlockScaling");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::Float8BlockScaling: {
-      auto* r = s->recipe_as_Float8BlockScaling();
-      if (r == nullptr || !ValidFp8Format(r->fp8_format())) {
-        return v.Fail(where + ": bad Float8BlockScaling");
-      }
-      return Status::Ok();
-    }
-    case fb::Recipe::NVFP4BlockScaling:
-      if (s->recipe_as_NVFP4BlockScaling() == nullptr) return v.Fail(where + ": bad NVFP4");
-      return Status::Ok();
-    case fb::Recipe::CustomRecipe:
-      if (s->recipe_as_CustomRecipe() == nullptr) return v.Fail(where + ": bad CustomRecipe");
-      return Status::Ok();
-    default:
-      return v.Fail(StrCat(where, ": unknown recipe type ", static_cast<int>(s->recipe_type())));
-  }
+  const std::string why = format::CheckRecipeTable(s);
+  return why.empty() ? Status::Ok() : v.Fail(StrCat(where, ": ", why));
 }
 
 Status CheckScaling(const Validator& v, const fb::Checkpoint* ck) {
@@ -495,20 +454,7 @@ struct TensorScan {
 // Runs fn(k) for k in [0, slices), each but the first on its own thread (on this one when no
 // thread can be had: slower, but the same).
 void RunSlices(size_t slices, const std::function<void(size_t)>& fn) {
-  if (slices == 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  size_t k = 1;
-  try {
-    threads.reserve(slices);
-    for (; k < slices; ++k) threads.emplace_back(fn, k);
-  } catch (const std::system_error&) {
-    for (; k < slices; ++k) fn(k);
-  }
-  fn(0);
-  for (auto& t : threads) t.join();
+  RunParts(static_cast<int>(slices), [&](int k) { fn(static_cast<size_t>(k)); });
 }
 
 // Every tensor table verified structurally and then checked semantically while it is in
@@ -519,8 +465,7 @@ Result<TensorScan> CheckTensorTables(const Validator& v, const fb::Checkpoint* c
                                      const uint8_t* footer, uint64_t size, uint64_t data_end) {
   auto* tensors = ck->tensors();
   const size_t n = Count(tensors);
-  const size_t slices = std::clamp<size_t>(
-      std::min<size_t>(n / 16384, std::max(1u, std::thread::hardware_concurrency())), 1, 8);
+  const size_t slices = std::clamp<size_t>(std::min<size_t>(n / 16384, DefaultThreads(8)), 1, 8);
   struct SliceResult {
     Status status;
     uint64_t nonempty = 0;
@@ -819,46 +764,6 @@ std::optional<QuantizedComponent> ToComponent(const fb::QuantizedComponent* c) {
   return out;
 }
 
-Recipe ToRecipe(const fb::ScalingState* s) {
-  switch (s->recipe_type()) {
-    case fb::Recipe::DelayedScaling: {
-      auto* r = s->recipe_as_DelayedScaling();
-      DelayedScaling d;
-      d.margin = r->margin();
-      d.fp8_format = static_cast<Fp8Format>(r->fp8_format());
-      d.amax_history_len = r->amax_history_len();
-      d.amax_compute_algo = static_cast<AmaxComputeAlgo>(r->amax_compute_algo());
-      d.reduce_amax = r->reduce_amax();
-      d.fp8_dpa = r->fp8_dpa();
-      d.fp8_mha = r->fp8_mha();
-      return d;
-    }
-    case fb::Recipe::Float8CurrentScaling: {
-      auto* r = s->recipe_as_Float8CurrentScaling();
-      return Float8CurrentScaling{static_cast<Fp8Format>(r->fp8_format()), r->fp8_dpa(),
-                                  r->fp8_mha()};
-    }
-    case fb::Recipe::MXFP8BlockScaling:
-      return MXFP8BlockScaling{
-          static_cast<Fp8Format>(s->recipe_as_MXFP8BlockScaling()->fp8_format())};
-    case fb::Recipe::Float8BlockScaling: {
-      auto* r = s->recipe_as_Float8BlockScaling();
-      return Float8BlockScaling{static_cast<Fp8Format>(r->fp8_format()), r->x_block_scaling_dim(),
-                                r->w_block_scaling_dim(), r->grad_block_scaling_dim()};
-    }
-    case fb::Recipe::NVFP4BlockScaling: {
-      auto* r = s->recipe_as_NVFP4BlockScaling();
-      return NVFP4BlockScaling{r->disable_rht(), r->disable_stochastic_rounding(),
-                               r->disable_2d_quantization()};
-    }
-    case fb::Recipe::CustomRecipe: {
-      auto* r = s->recipe_as_CustomRecipe();
-      return CustomRecipe{std::string(Sv(r->name())), std::string(Sv(r->qfactory()))};
-    }
-    default:
-      return std::monostate{};
-  }
-}
 }  // namespace
 
 std::vector<QuantizedTensor> Reader::quantized() const {
@@ -886,7 +791,7 @@ std::vector<ScalingState> Reader::scaling_states() const {
     auto* s = ss->Get(static_cast<flatbuffers::uoffset_t>(i));
     ScalingState state;
     state.module = std::string(Sv(s->module_()));
-    state.recipe = ToRecipe(s);
+    state.recipe = format::RecipeFromTable(s);
     for (size_t d = 0; d < Count(s->states()); ++d) {
       auto* ds = s->states()->Get(static_cast<flatbuffers::uoffset_t>(d));
       DirectionState dir;

@@ -9,14 +9,14 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 
-#include "format/checkpoint_index.hpp"
-#include "ferry_generated.h"
-#include "format/format.hpp"
 #include "base/strict_json.hpp"
 #include "base/util.hpp"
+#include "ferry_generated.h"
+#include "format/checkpoint_index.hpp"
+#include "format/format.hpp"
+#include "io/temp_file.hpp"
 
 namespace ferry {
 
@@ -352,7 +352,8 @@ void SortSafetensorsEntries(std::vector<SafetensorsEntry>* entries) {
 struct SafetensorsWriter::State {
   std::string path, tmp_path;
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
-  File file;
+  File file;         // the temporary file; messages name `dest`
+  File lock;         // its lock (io/temp_file.hpp), held until the rename or the removal
   bool durable = true;
   bool spent = false;
   uint64_t header_bytes = 0;
@@ -365,6 +366,7 @@ struct SafetensorsWriter::State {
     spent = true;
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
+    (void)lock.Close();
   }
 };
 
@@ -379,10 +381,25 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   if (path.empty()) return Error(StatusCode::kInvalidArgument, "empty safetensors path");
   // ordered_json keeps "__metadata__" first and the tensors in data order, as the
   // safetensors library writes them.
+  // What ParseSafetensors refuses is never written: a file this library cannot read back.
+  auto unreadable = [](std::string_view key) -> std::string {
+    if (key.size() > format::kMaxNameBytes) {
+      return StrCat("is ", key.size(), " bytes (limit ", format::kMaxNameBytes, ")");
+    }
+    if (key.find('\0') != std::string_view::npos) return "contains a NUL byte";
+    return {};
+  };
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json md = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) md[k] = v;
+    for (const auto& [k, v] : metadata) {
+      const std::string why = k.empty() ? "is empty" : unreadable(k);
+      if (!why.empty()) {
+        return Error(StatusCode::kInvalidArgument, path, ": metadata key ", Quote(k.substr(0, 256)),
+                     " ", why, "; safetensors cannot hold it");
+      }
+      md[k] = v;
+    }
     header["__metadata__"] = std::move(md);
   }
   std::set<std::string_view> names;
@@ -391,6 +408,10 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
     if (e.name.empty() || e.name == "__metadata__" || !names.insert(e.name).second) {
       return Error(StatusCode::kInvalidArgument, path, ": tensor ", Quote(e.name),
                    " is empty, reserved or a duplicate");
+    }
+    if (const std::string why = unreadable(e.name); !why.empty()) {
+      return Error(StatusCode::kInvalidArgument, path, ": tensor name ",
+                   Quote(e.name.substr(0, 256)), " ", why, "; safetensors cannot hold it");
     }
     const char* dname = SafetensorsDTypeName(e.dtype);
     if (dname == nullptr) {
@@ -430,13 +451,12 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   auto state = std::make_unique<State>();
   state->path = path;
   state->durable = durable;
-  std::random_device rd;
-  char suffix[48];
-  std::snprintf(suffix, sizeof(suffix), ".tmp.%d.%08x%08x", static_cast<int>(::getpid()), rd(),
-                rd());
   FERRY_ASSIGN_OR_RETURN(state->dest, ReplaceTarget(path));
-  state->tmp_path = state->dest + suffix;
-  FERRY_ASSIGN_OR_RETURN(state->file, File::CreateExclusive(state->tmp_path));
+  SweepStaleTemps(state->dest);
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(state->dest));
+  state->file = std::move(temp.file);
+  state->tmp_path = std::move(temp.path);
+  state->lock = std::move(temp.lock);
   uint64_t len = text.size();
   uint8_t prefix[8];
   std::memcpy(prefix, &len, 8);
@@ -486,6 +506,7 @@ Status SafetensorsWriter::Commit() {
     return st;
   }
   s.spent = true;
+  (void)s.lock.Close();
   if (s.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(s.dest));
   return Status::Ok();
 }

@@ -17,11 +17,13 @@
 namespace ferry {
 
 namespace {
+// A full disk, a quota or a file size limit (ENOSPC, EDQUOT, EFBIG) stays an IoError, its
+// errno in the message: it is the operating system refusing a write, which callers (Python's
+// OSError) tell apart from the library running out of memory.
 Status ErrnoStatus(int err, const std::string& path, const char* what) {
   StatusCode code = StatusCode::kIoError;
   if (err == ENOENT) code = StatusCode::kNotFound;
-  if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == ENOMEM)
-    code = StatusCode::kResourceExhausted;
+  if (err == ENOMEM) code = StatusCode::kResourceExhausted;
   return Error(code, path, ": ", what, " failed ", ErrnoText(err));
 }
 

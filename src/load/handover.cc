@@ -2,7 +2,6 @@
 
 #include <exception>
 #include <string>
-#include <system_error>
 #include <utility>
 
 #include "base/util.hpp"
@@ -15,26 +14,17 @@ namespace ferry {
 
 Handover::Handover(const ReadyCallback& callback, HandOver when,
                    const std::vector<LoadedTensor>& out, bool device, Stream stream, void* ctx)
-    : callback_(callback), when_(when), device_(device), out_(out), stream_(stream), ctx_(ctx) {}
-
-Handover::~Handover() {
-  Finish();
-#ifdef FERRY_HAVE_CUDA
-  if (!all_events_.empty()) {
-    ScopedContext scope(static_cast<CUcontext>(ctx_));
-    for (void* e : all_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-  }
-#endif
+    : callback_(callback), when_(when), device_(device), out_(out), stream_(stream), ctx_(ctx) {
+  events_.set_context(ctx);
 }
+
+Handover::~Handover() { Finish(); }
 
 Status Handover::Start(std::vector<uint32_t> pieces) {
   remaining_.reset(new std::atomic<uint32_t>[pieces.size()]);
   for (size_t k = 0; k < pieces.size(); ++k) remaining_[k].store(pieces[k]);
-  try {
-    thread_ = std::thread([this] { Loop(); });
-  } catch (const std::system_error& e) {
-    return Error(StatusCode::kResourceExhausted, "starting the hand-over thread: ", e.what());
-  }
+  FERRY_RETURN_IF_ERROR(thread_.Start(
+      1, [this](int) { Loop(); }, "starting hand-over thread"));
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (pieces[k] == 0) FERRY_RETURN_IF_ERROR(Queue(k));
   }
@@ -46,34 +36,16 @@ Status Handover::PieceDone(size_t k) {
   return Queue(k);
 }
 
-void* Handover::TakeEvent() {
-#ifdef FERRY_HAVE_CUDA
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!free_events_.empty()) {
-      void* e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-  }
-  cudaEvent_t e = nullptr;
-  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  all_events_.push_back(e);
-  return e;
-#else
-  return nullptr;
-#endif
-}
-
 Status Handover::Queue(size_t k) {
   void* event = nullptr;
 #ifdef FERRY_HAVE_CUDA
   if (device_) {
-    event = TakeEvent();
-    if (event == nullptr) {
-      return Error(StatusCode::kCudaError, "creating a hand-over event for tensor #", k);
+    auto taken = events_.Take("hand-over");
+    if (!taken.ok()) {
+      return Error(taken.status().code(), "creating a hand-over event for tensor #", k, ": ",
+                   taken.status().message());
     }
+    event = *taken;
     cudaError_t err =
         cudaEventRecord(static_cast<cudaEvent_t>(event), reinterpret_cast<cudaStream_t>(stream_));
     if (err != cudaSuccess) return CudaStatus(err, "hand-over", "cudaEventRecord");
@@ -131,7 +103,7 @@ void Handover::Loop() {
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (item.event != nullptr) free_events_.push_back(item.event);
+    if (item.event != nullptr) events_.Give(item.event);
     if (!st.ok() && error_.ok()) error_ = std::move(st);
   }
 }
@@ -142,7 +114,7 @@ Status Handover::Finish() {
     closing_ = true;
   }
   cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
+  thread_.Join();
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
 }

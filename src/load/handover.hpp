@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/worker_pool.hpp"
+#include "cuda/event_pool.hpp"
 #include "ferry/loader.hpp"
 
 namespace ferry {
@@ -50,7 +52,6 @@ class Handover {
   };
   Status Queue(size_t k);
   void Loop();
-  void* TakeEvent();
 
   const ReadyCallback& callback_;
   const HandOver when_;
@@ -63,11 +64,10 @@ class Handover {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  std::vector<void*> free_events_;
-  std::vector<void*> all_events_;
   bool closing_ = false;
   Status error_;
-  std::thread thread_;
+  EventPool events_;    // destroyed after the thread is joined (Finish)
+  ThreadGroup thread_;  // one thread
 };
 
 }  // namespace ferry

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/util.hpp"
+#include "cuda/device_alloc.hpp"
 
 namespace ferry {
 
@@ -209,7 +210,7 @@ DevicePlan PlanDevice(const LoadPlan& plan, const DeviceRoute& route) {
   AppendDirectBatches(out.staged, nfill, static_cast<uint32_t>(out.staged.size()), plan.res,
                       route.slot_bytes + kSlotSlack, &out.batches);
   out.groups = MakeGroups(out.mapped, plan.res, route.windows, route.window_bytes);
-  // PLANES batches, packed by stored size at the decoder's 256-byte source alignment.
+  // PLANES batches, packed by stored size at the decoder's source alignment (kDeviceAlign).
   out.planes_first = static_cast<uint32_t>(out.staged.size());
   out.staged.insert(out.staged.end(), planes.begin(), planes.end());
   uint64_t used = 0;
@@ -217,8 +218,8 @@ DevicePlan PlanDevice(const LoadPlan& plan, const DeviceRoute& route) {
   for (uint32_t i = out.planes_first; i < out.staged.size(); ++i) {
     Piece& p = out.staged[i];
     const uint64_t bs = route.planes_source->Record(plan.res[p.r].tensor).block_size;
-    const uint64_t need =
-        AlignUp(route.planes_source->Block(plan.res[p.r].tensor, p.begin / bs).stored_size, 256);
+    const uint64_t need = AlignUp(
+        route.planes_source->Block(plan.res[p.r].tensor, p.begin / bs).stored_size, kDeviceAlign);
     if (i == out.planes_first || used + need > cap) {
       Batch b{i, i + 1};
       b.planes = true;

@@ -23,6 +23,7 @@
 #include "load/handover.hpp"
 #include "load/load_memory.hpp"
 #include "load/load_plan.hpp"
+#include "load/loader_tuning.hpp"
 #include "load/planes_stage.hpp"
 
 #ifdef FERRY_HAVE_CUDA
@@ -34,13 +35,12 @@ namespace ferry {
 
 namespace {
 
-int DefaultThreads() {
-  unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
-}
-
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Pieces per request, for the hand-over of streaming loads.
@@ -115,11 +115,23 @@ struct DeviceJob {
   Handover* handover;  // streaming loads: told of every piece enqueued (else null)
   FirstError error;
   std::atomic<uint64_t> next_group{0}, next_batch{0}, copies{0};
+  std::atomic<double> first_fill{0};  // steady seconds when the first slot was filled
 #ifdef FERRY_HAVE_CUDA_KERNELS
-  PlanesStage* planes = nullptr;  // device twins of the ring's slots
-  uint64_t num_slots = 0;
+  PlanesStage* planes = nullptr;  // expands PLANES batches on the device
+  uint64_t planes_batch0 = 0;     // index of the first PLANES batch
+  bool planes_pread = false;      // their stored bytes are read from the source
+  bool planes_verify = false;     // their raw bytes are checked on the device
 #endif
 };
+
+// A failed load wakes every worker waiting for a slot, pinned or on the device.
+void AbortLoad(DeviceJob& job, StagingRing& ring, Status st) {
+  job.error.Set(std::move(st));
+  ring.Abort();
+#ifdef FERRY_HAVE_CUDA_KERNELS
+  if (job.planes != nullptr) job.planes->Abort();
+#endif
+}
 
 // One worker's registered window of the mapping (HostPath::kRegisterWindows): registered
 // before its group's copies, unregistered once they complete (the worker waits for them).
@@ -271,10 +283,10 @@ Status CopySlot(DeviceJob& job, const Batch& b, const uint8_t* slot) {
 }
 
 #ifdef FERRY_HAVE_CUDA_KERNELS
-// A batch of whole PLANES blocks: their stored bytes are copied into the slot (from the
-// mapping, hot or cold, where there is one; else read from the source), their headers and
-// tables checked here,
-// then sent to the slot's device twin and expanded into their destinations on the stream.
+// A batch of whole PLANES blocks: their stored bytes are read into the slot (with pread in
+// one-shot and cold loads: no page faults on a mapping used once; from the mapping a repeated
+// load has faulted in already), their headers and tables checked here, then handed to the
+// stage, which copies them to the device and expands them there.
 Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
   const std::vector<Piece>& pieces = job.pieces.staged;
   const BlockSource& source = job.source;
@@ -287,7 +299,11 @@ Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
     const uint64_t blk = p.begin / source.Record(rr.tensor).block_size;
     const StoredBlock s = source.Block(rr.tensor, blk);
     uint8_t* dst = slot + p.soff;
-    FERRY_RETURN_IF_ERROR(source.ReadStored(rr.tensor, blk, dst));
+    if (job.planes_pread) {
+      FERRY_RETURN_IF_ERROR(source.ReadStoredRange(rr.tensor, s.file_offset, s.stored_size, dst));
+    } else {
+      FERRY_RETURN_IF_ERROR(source.ReadStored(rr.tensor, blk, dst));
+    }
     PlanesStaged staged;
     Status st = planes::Parse(dst, s.stored_size, s.raw_size, &staged.layout);
     if (!st.ok()) {
@@ -297,28 +313,31 @@ Status StagePlanes(DeviceJob& job, const Batch& b, uint64_t k, uint8_t* slot) {
     staged.soff = p.soff;
     staged.dst = rr.dst + p.dst_off;
     staged.error_index = i - job.pieces.planes_first;
+    if (job.planes_verify) staged.checksum = source.BlockChecksum(rr.tensor, blk);
     blocks.push_back(staged);
     used = p.soff + s.stored_size;
   }
+  if (job.first_fill.load(std::memory_order_relaxed) == 0) {
+    job.first_fill.store(SteadySeconds(), std::memory_order_relaxed);
+  }
   job.copies.fetch_add(1, std::memory_order_relaxed);
-  return job.planes->Enqueue(k % job.num_slots, slot, used, blocks, job.planes->device_errors(),
-                             job.stream, source.path());
+  return job.planes->Enqueue(k - job.planes_batch0, slot, used, blocks, job.stream, source.path());
 }
-#endif
 
-#ifdef FERRY_HAVE_CUDA_KERNELS
-// A corrupt unit shows up only once the decode has run: waits for it, so the load reports
-// DataLoss naming the tensor and block instead of handing out garbage.
+// A corrupt unit, or raw bytes that differ from what was saved, show up only once the device
+// has run: waits for it, so the load reports DataLoss naming the tensor and block instead of
+// handing out garbage.
 Status PlanesErrors(PlanesStage& stage, const BlockSource& source, const LoadPlan& plan,
                     const DevicePlan& pieces, cudaStream_t stream) {
-  const uint32_t n = pieces.planes_count();
-  std::vector<uint32_t> errors(n);
-  FERRY_RETURN_IF_ERROR(stage.FetchErrors(stream, &errors, source.path()));
-  for (uint32_t i = 0; i < n; ++i) {
+  std::vector<uint32_t> errors;
+  FERRY_RETURN_IF_ERROR(stage.Finish(stream, &errors, source.path()));
+  for (uint32_t i = 0; i < errors.size(); ++i) {
     if (errors[i] == 0) continue;
     const Piece& p = pieces.staged[pieces.planes_first + i];
     const size_t t = plan.res[p.r].tensor;
     const uint64_t blk = p.begin / source.Record(t).block_size;
+    // The same message as a check on the host.
+    if (errors[i] == kChecksumMismatch) return source.ChecksumMismatch(t, blk);
     return Error(StatusCode::kDataLoss, source.Where(t), ": block ", blk, " at file offset ",
                  source.Block(t, blk).file_offset, ": ", planes::DeviceErrorText(errors[i]),
                  " (decoded on the GPU)");
@@ -336,23 +355,27 @@ void CopyStaged(DeviceJob& job, StagingRing& ring) {
     Status st = ring.Acquire(k, &slot);
     if (st.ok() && slot == nullptr) return;  // the load failed elsewhere
     const Batch& b = job.pieces.batches[k];
+    // The stream after which the slot may be refilled: a PLANES batch's copy runs on the
+    // stage's copy stream, ahead of its decode.
+    cudaStream_t copied_on = job.stream;
 #ifdef FERRY_HAVE_CUDA_KERNELS
     if (b.planes) {
       if (st.ok()) st = StagePlanes(job, b, k, slot);
+      copied_on = job.planes->copy_stream();
     } else
 #endif
     {
       if (st.ok()) st = FillSlot(job, b, slot);
+      if (st.ok() && job.first_fill.load(std::memory_order_relaxed) == 0) {
+        job.first_fill.store(SteadySeconds(), std::memory_order_relaxed);
+      }
       if (st.ok()) st = CopySlot(job, b, slot);
     }
-    if (st.ok()) st = ring.Record(k, job.stream);
+    if (st.ok()) st = ring.Record(k, copied_on);
     for (uint32_t i = b.first; st.ok() && job.handover != nullptr && i < b.last; ++i) {
       st = job.handover->PieceDone(job.pieces.staged[i].r);
     }
-    if (!st.ok()) {
-      job.error.Set(std::move(st));
-      ring.Abort();
-    }
+    if (!st.ok()) AbortLoad(job, ring, std::move(st));
     ring.Release(k);
     if (job.error.failed()) return;
   }
@@ -370,6 +393,8 @@ class Loader::Impl {
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<WorkerPool> read_pool;  // made for the first source that wants more reads
   LoadStats stats;
+  LoaderTuning tuning;
+  LoadPhases phases;
 
   // The workers of a load and how many of them run: ActiveWorkers of the pool (all of it when
   // the caller chose the thread count); a source read without a mapping keeps
@@ -500,16 +525,12 @@ class Loader::Impl {
       if (Driver().ok && current != nullptr) {
         Driver().ctx_set_current(current);
       } else if (cudaSetDevice(dev) != cudaSuccess) {
-        job.error.Set(
-            Error(StatusCode::kCudaError, job.source.path(), ": cudaSetDevice on a worker"));
-        ring->Abort();
+        AbortLoad(job, *ring,
+                  Error(StatusCode::kCudaError, job.source.path(), ": cudaSetDevice on a worker"));
         return;
       }
       Status st = CopyMapped(job, job.route.windows ? worker_events[worker] : nullptr);
-      if (!st.ok()) {
-        job.error.Set(std::move(st));
-        ring->Abort();
-      }
+      if (!st.ok()) AbortLoad(job, *ring, std::move(st));
       CopyStaged(job, *ring);
     });
     cudaError_t terr = cudaEventRecord(tail, job.stream);
@@ -533,7 +554,10 @@ class Loader::Impl {
     FERRY_CUDA_RETURN(cudaFree(nullptr), source.path());
     CUcontext current = nullptr;
     if (Driver().ok) Driver().ctx_get_current(&current);
+    phases = LoadPhases{};
+    const double start = SteadySeconds();
     FERRY_RETURN_IF_ERROR(PrepareDevice(current));
+    phases.prepared = SecondsSince(t0);
 
     FERRY_ASSIGN_OR_RETURN(LoadPlan plan, Resolve(source, requests));
     std::vector<LoadedTensor> out;
@@ -544,17 +568,28 @@ class Loader::Impl {
     const DirectFile direct = OpenDirect(source, plan, options.io);
     FERRY_ASSIGN_OR_RETURN(DeviceRoute route, Route(source, direct.is_open()));
 #ifdef FERRY_HAVE_CUDA_KERNELS
-    // Checksums are computed on the host, so verified loads decode PLANES blocks there; so do
-    // streaming loads, which hand tensors out before a GPU decode's errors are known.
-    if (!options.verify && on_ready == nullptr) route.planes_source = &source;
+    // PLANES blocks expand on the device, and verified loads check them there. Streaming loads
+    // decode them on the host: they hand tensors out before a GPU decode's errors are known.
+    if (on_ready == nullptr && !tuning.planes_on_host) route.planes_source = &source;
 #endif
     const DevicePlan pieces = PlanDevice(plan, route);
+    phases.planned = SecondsSince(t0);
 #ifdef FERRY_HAVE_CUDA_KERNELS
     const uint32_t nplanes = pieces.planes_count();
+    uint64_t planes_batches = 0;
+    for (const Batch& b : pieces.batches) planes_batches += b.planes ? 1 : 0;
+    const bool planes_verify = options.verify && source.has_checksums();
     if (nplanes > 0) {
-      FERRY_RETURN_IF_ERROR(planes_stage.Prepare(current, ring->num_slots(),
-                                                 options.slot_bytes + kSlotSlack, source.path()));
-      FERRY_RETURN_IF_ERROR(planes_stage.StartLoad(nplanes, cstream, source.path()));
+      PlanesStageShape shape;
+      shape.group = tuning.planes_group;
+      shape.twin_factor = tuning.planes_twin_factor;
+      shape.prewarm = tuning.planes_prewarm;
+      shape.verify_each_group = tuning.planes_verify_each_group;
+      FERRY_RETURN_IF_ERROR(planes_stage.Prepare(
+          current, ring->num_slots(), options.slot_bytes + kSlotSlack, shape, source.path()));
+      FERRY_RETURN_IF_ERROR(
+          planes_stage.StartLoad(nplanes, planes_batches, planes_verify, cstream, source.path()));
+      phases.planes_ready = SecondsSince(t0);
     }
 #endif
     // One-shot load: the first from this mapping. Its resident raw bytes are read with pread
@@ -581,12 +616,25 @@ class Loader::Impl {
 #ifdef FERRY_HAVE_CUDA_KERNELS
     if (nplanes > 0) {
       job.planes = &planes_stage;
-      job.num_slots = ring->num_slots();
+      job.planes_batch0 = pieces.batches.size() - planes_batches;
+      job.planes_verify = planes_verify;
+      using PlanesRead = LoaderTuning::PlanesRead;
+      job.planes_pread = !mapped || tuning.planes_read == PlanesRead::kRead ||
+                         (tuning.planes_read == PlanesRead::kAuto && (pread || route.cold));
     }
 #endif
     Status ran = RunDevice(job, current, dev, *workers.first, workers.second);
+    phases.enqueued = SecondsSince(t0);
+    const double fill = job.first_fill.load();
+    phases.first_fill = fill > 0 ? fill - start : 0;
 #ifdef FERRY_HAVE_CUDA_KERNELS
-    if (ran.ok() && nplanes > 0) ran = PlanesErrors(planes_stage, source, plan, pieces, cstream);
+    if (nplanes > 0) {
+      if (ran.ok()) ran = PlanesErrors(planes_stage, source, plan, pieces, cstream);
+      planes_stage.EndLoad(cstream);
+      const double launch = planes_stage.first_launch();
+      phases.first_decode = launch > 0 ? launch - start : 0;
+      phases.checked = SecondsSince(t0);
+    }
 #endif
     if (handover) {
       Status handed = handover->Finish();
@@ -602,6 +650,7 @@ class Loader::Impl {
     stats.used_direct_io = route.cold;
     stats.used_pread = pread;
     stats.seconds = SecondsSince(t0);
+    phases.total = stats.seconds;
     return out;
   }
 #endif  // FERRY_HAVE_CUDA
@@ -781,6 +830,21 @@ Result<std::vector<LoadedTensor>> Loader::LoadToHostStreaming(
   }
   std::lock_guard<std::mutex> lock(impl_->call_mu);
   return impl_->HostLoad(reader, requests, &on_ready);
+}
+
+void LoaderInternals::SetTuning(Loader& loader, const LoaderTuning& tuning) {
+  std::lock_guard<std::mutex> lock(loader.impl_->call_mu);
+  loader.impl_->tuning = tuning;
+}
+
+LoaderTuning LoaderInternals::Tuning(const Loader& loader) {
+  std::lock_guard<std::mutex> lock(loader.impl_->call_mu);
+  return loader.impl_->tuning;
+}
+
+LoadPhases LoaderInternals::LastPhases(const Loader& loader) {
+  std::lock_guard<std::mutex> lock(loader.impl_->call_mu);
+  return loader.impl_->phases;
 }
 
 LoadStats Loader::last_stats() const {

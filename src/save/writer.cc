@@ -1,99 +1,33 @@
-// Streaming writer. Every tensor is cut into blocks that flow through a pipeline: the caller's
-// thread stages each block (points at host memory, copies it into the staging pool, pulls it
-// from a FillFn, or enqueues a device-to-host copy on the caller's stream); worker threads
-// wait for the copy's event, checksum and compress blocks in order; a sequencer gives each
-// finished block its file offset in block order (compressed sizes are known only then); and
-// workers write blocks at their offsets with pwrite, in parallel. The footer and the atomic
-// rename happen in Finish, on the caller's thread (Commit) or in the background (CommitAsync).
-#include <fcntl.h>
+// Streaming writer: the public API and the commit. The caller's thread checks each tensor and
+// stages its blocks (points at host memory, copies it into the staging pool, pulls it from a
+// FillFn, or enqueues a device-to-host copy on the caller's stream: device_snapshot.hpp), and
+// hands them to the block pipeline (block_pipeline.hpp), which encodes and writes them. The
+// footer (format/footer_builder.hpp) and the atomic rename happen in Finish, on the caller's
+// thread (Commit) or in the background (CommitAsync).
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
-#include <random>
 #include <set>
-#include <system_error>
-#include <thread>
 #include <vector>
 
-#include "codec/codec.hpp"
-#include "cuda/cuda_util.hpp"
-#include "ferry_generated.h"
+#include "base/util.hpp"
+#include "base/worker_pool.hpp"
+#include "cuda/staging_pool.hpp"
+#include "format/footer_builder.hpp"
 #include "format/format.hpp"
 #include "io/io.hpp"
-#include "codec/planes.hpp"
-#include "cuda/staging_pool.hpp"
-#include "base/util.hpp"
-
-#ifdef FERRY_HAVE_CUDA
-#include <cuda.h>
-#include <cuda_runtime.h>
-#endif
+#include "io/temp_file.hpp"
+#include "save/block_pipeline.hpp"
+#include "save/device_snapshot.hpp"
+#include "save/direct_sink.hpp"
 
 namespace ferry {
 
 namespace {
-
-struct ChunkRecord {
-  uint64_t offset;
-  uint64_t stored_size;
-  uint8_t codec;
-};
-
-struct TensorRecord {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  uint64_t data_offset = 0;
-  uint64_t data_size = 0;
-  uint64_t nbytes = 0;
-  Encoding encoding = Encoding::kRaw;
-  uint64_t block_size = 0;
-  std::vector<uint64_t> checksums;
-  std::vector<ChunkRecord> chunks;
-  std::vector<int64_t> global_shape;  // both empty unless SetGlobalSlice was called
-  std::vector<int64_t> shard_offset;
-  uint64_t pending = 0;  // blocks not yet written (guarded by the pipeline's mutex)
-};
-
-// One block of one tensor on its way to the file.
-struct Block {
-  enum class State : uint8_t { kQueued, kEncoding, kEncoded, kAssigned, kWriting, kDone };
-  TensorRecord* rec = nullptr;
-  uint64_t raw_off = 0;
-  size_t n = 0;
-  const uint8_t* raw = nullptr;       // caller memory or a staging piece
-  StagingPool::Impl* pool = nullptr;  // set when `raw` is a staging piece
-  uint64_t piece = 0;
-  void* event = nullptr;  // cudaEvent_t recorded after the device-to-host copy
-  bool first = false, last = false;
-  State state = State::kQueued;
-  uint64_t checksum = 0;
-  bool compressed = false;
-  uint8_t codec = 0;  // fb::ChunkCodec when compressed
-  size_t stored = 0;
-  const uint8_t* data = nullptr;  // the stored bytes: `raw` or `out`
-  std::unique_ptr<std::vector<uint8_t>> out;
-  uint64_t offset = 0;
-  uint64_t pad = 0;  // zero bytes between the previous block's end and `offset`
-};
-
-std::string TempPath(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
-  uint64_t r = (uint64_t{rd()} << 32) ^ rd() ^ counter.fetch_add(1);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), ".tmp.%d.%016llx", static_cast<int>(::getpid()),
-                static_cast<unsigned long long>(r));
-  return path + buf;
-}
 
 Status CheckKey(const std::string& path, std::string_view key, const char* kind) {
   if (key.empty()) return Error(StatusCode::kInvalidArgument, path, ": empty ", kind);
@@ -121,157 +55,6 @@ struct Source {
 // The internal pool of a writer without WriterOptions::staging.
 constexpr uint64_t kDefaultStagingBytes = uint64_t{64} << 20;
 
-// The file's bytes assembled in order in aligned segments, each written with O_DIRECT once it
-// is full: sequential direct writes measured faster than the page cache on the H200 hosts'
-// virtual disks (save_bench: ~2.0 vs ~1.2 GB/s with fsync), and they leave no dirty pages for
-// fsync to flush. Blocks land here from several workers at once; a block whose segment is
-// beyond the ring waits for the lower segments, which only need bytes of earlier blocks.
-class DirectSink {
- public:
-  static constexpr uint64_t kSegment = uint64_t{4} << 20;
-  static constexpr uint64_t kRing = 16;
-  static constexpr uint64_t kAlign = 4096;
-
-  // Opens `path` a second time with O_DIRECT and writes the first page (the magic, then zeros
-  // up to the first tensor). Null where the file system refuses direct I/O (tmpfs): the caller
-  // keeps buffered writes. `fallback` (the same file, buffered) takes what direct I/O refuses.
-  static std::unique_ptr<DirectSink> Open(const std::string& path, File* fallback) {
-    int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    auto sink = std::unique_ptr<DirectSink>(new DirectSink(fd, path));
-    if (sink->mem_ == nullptr) return nullptr;
-    std::memset(sink->mem_, 0, format::kFirstDataOffset);
-    std::memcpy(sink->mem_, format::kMagic, format::kMagicSize);
-    // The probe: some file systems accept O_DIRECT at open and refuse it at write.
-    ssize_t w = ::pwrite(fd, sink->mem_, format::kFirstDataOffset, 0);
-    if (w != static_cast<ssize_t>(format::kFirstDataOffset)) return nullptr;
-    sink->filled_[0] = format::kFirstDataOffset;
-    sink->fallback_ = fallback;
-    return sink;
-  }
-
-  ~DirectSink() {
-    if (fd_ >= 0) ::close(fd_);
-    std::free(mem_);
-  }
-
-  // Wakes and fails every Put waiting for its segment (the save failed elsewhere, so the
-  // bytes below it may never come).
-  void Cancel(const Status& st) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (failed_.ok()) failed_ = st;
-    }
-    cv_.notify_all();
-  }
-
-  // Bytes [offset, offset + n): `data`, or zeros when data is null. Writes each segment it
-  // completes.
-  Status Put(uint64_t offset, const uint8_t* data, uint64_t n) {
-    for (uint64_t at = offset; at < offset + n;) {
-      const uint64_t seg = at / kSegment, in = at % kSegment;
-      const uint64_t len = std::min(kSegment - in, offset + n - at);
-      const uint64_t slot = seg % kRing;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return seg < base_ + kRing || !failed_.ok(); });
-        if (!failed_.ok()) return failed_;
-      }
-      uint8_t* dst = mem_ + slot * kSegment + in;
-      if (data != nullptr) {
-        std::memcpy(dst, data + (at - offset), len);
-      } else {
-        std::memset(dst, 0, len);
-      }
-      bool full;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        filled_[slot] += len;
-        full = filled_[slot] == kSegment;
-      }
-      if (full) FERRY_RETURN_IF_ERROR(WriteSegment(seg));
-      at += len;
-    }
-    return Status::Ok();
-  }
-
-  // Writes the last, partial segment once every byte of [0, end) was Put: its 4096-aligned head
-  // directly, the rest (under a page) through `tail`, so nothing is written past `end`.
-  Status Finish(uint64_t end, File& tail) {
-    const uint64_t last = end / kSegment, bytes = end % kSegment;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!failed_.ok()) return failed_;
-      if (base_ != last || filled_[last % kRing] != bytes) {
-        return Error(StatusCode::kInternal, path_, ": direct writer out of step at ", end);
-      }
-    }
-    const uint8_t* src = mem_ + (last % kRing) * kSegment;
-    const uint64_t head = bytes / kAlign * kAlign;
-    if (head > 0) FERRY_RETURN_IF_ERROR(PWrite(src, head, last * kSegment));
-    if (bytes > head)
-      FERRY_RETURN_IF_ERROR(tail.PWriteAll(src + head, bytes - head, last * kSegment + head));
-    return Status::Ok();
-  }
-
- private:
-  DirectSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
-    mem_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kSegment * kRing));
-  }
-
-  Status PWrite(const uint8_t* src, uint64_t n, uint64_t offset) {
-    for (uint64_t done = 0; done < n;) {
-      ssize_t w = ::pwrite(fd_, src + done, n - done, static_cast<off_t>(offset + done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && errno == EINVAL) {
-        // Refused as direct I/O (an unaligned remainder, e.g. a write cut short by a file size
-        // limit): the buffered descriptor writes it, or reports the real cause.
-        return fallback_->PWriteAll(src + done, n - done, offset + done);
-      }
-      if (w <= 0) {
-        int err = w < 0 ? errno : EIO;
-        StatusCode code = err == ENOSPC || err == EDQUOT || err == EFBIG
-                              ? StatusCode::kResourceExhausted
-                              : StatusCode::kIoError;
-        return Error(code, path_, ": direct write at offset ", offset + done, " failed ",
-                     ErrnoText(err));
-      }
-      done += static_cast<uint64_t>(w);
-    }
-    return Status::Ok();
-  }
-
-  Status WriteSegment(uint64_t seg) {
-    Status st = PWrite(mem_ + (seg % kRing) * kSegment, kSegment, seg * kSegment);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!st.ok()) {
-        if (failed_.ok()) failed_ = st;
-      } else {
-        done_[seg % kRing] = true;
-        while (done_[base_ % kRing]) {
-          done_[base_ % kRing] = false;
-          filled_[base_ % kRing] = 0;
-          ++base_;
-        }
-      }
-    }
-    cv_.notify_all();
-    return st;
-  }
-
-  int fd_;
-  std::string path_;
-  uint8_t* mem_ = nullptr;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t base_ = 0;  // lowest segment not yet written
-  uint64_t filled_[kRing] = {};
-  bool done_[kRing] = {};
-  File* fallback_ = nullptr;  // the buffered descriptor of the same file
-  Status failed_;
-};
-
 }  // namespace
 
 class SaveHandle::State {
@@ -285,95 +68,38 @@ class SaveHandle::State {
 
 class Writer::Impl {
  public:
+  Impl(std::string p, WriterOptions o)
+      : path(std::move(p)), options(std::move(o)), pool(options.staging), device(path) {
+    extras.producer = options.producer;
+  }
+
   std::string path;
   std::string tmp_path;
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
-  File file;
+  File file;         // the temporary file; messages name `dest`
+  File temp_lock;    // its lock (io/temp_file.hpp), held until the rename or the removal
   WriterOptions options;
   bool spent = false;  // Commit, CommitAsync or Abort was reached (caller's side)
   bool finished = false;
-  std::deque<TensorRecord> tensors;  // stable addresses: blocks point into it
+  std::deque<PipelineTensor> tensors;  // stable addresses: blocks point into it
   std::set<std::string, std::less<>> names;
-  std::map<std::string, QuantizedTensor, std::less<>> quantized;
-  std::map<std::string, ScalingState, std::less<>> scaling;
-  std::map<std::string, std::string, std::less<>> metadata;
-  std::shared_ptr<StagingPool> pool;  // options.staging, or the internal one once needed
+  format::FooterExtras extras;              // quantized tensors, scaling states, metadata, producer
+  std::shared_ptr<StagingPool> pool;        // options.staging, or the internal one once needed
+  DeviceSnapshot device;                    // device tensors' copies
+  std::unique_ptr<BlockPipeline> pipeline;  // made by Create, right after the file
 
-  // ---- the pipeline (everything below `mu` is guarded by it) ------------------------------
-  std::mutex mu;
-  std::condition_variable work_cv, done_cv;
-  std::deque<Block> blocks;
-  uint64_t next_encode = 0;  // first block no worker has taken for encoding
-  uint64_t seq = 0;          // first block without a file offset
-  uint64_t blocks_done = 0;
-  std::deque<Block*> write_queue;
-  uint64_t pos = format::kFirstDataOffset;  // end of the data section assigned so far
-  std::unique_ptr<DirectSink> sink;         // O_DIRECT writes, where the file system has them
-  bool closed = false;
-  bool failed = false;
-  Status error;
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> free_bufs;
-  std::vector<std::thread> workers;
-  uint64_t window = 8;         // blocks encoded ahead of the sequencer, at most
-  std::mutex progress_mu;      // one options.progress call at a time, outside mu
-  uint64_t progress_done = 0;  // guarded by progress_mu
-
-#ifdef FERRY_HAVE_CUDA
-  CUcontext ctx = nullptr;  // of the device tensors (captured at the first one)
-  int device = -1;
-  std::vector<cudaEvent_t> free_events;  // guarded by mu
-  std::vector<cudaEvent_t> all_events;
-  // Per stream, an event recorded after the newest copy: WaitSnapshot waits on these.
-  std::vector<std::pair<cudaStream_t, cudaEvent_t>> tails;
-#endif
-
-  ~Impl() {
-    Abort();
-    JoinWorkers();
-#ifdef FERRY_HAVE_CUDA
-    if (!all_events.empty()) {
-      ScopedContext scope(ctx);
-      for (cudaEvent_t e : all_events) cudaEventDestroy(e);
-    }
-#endif
-  }
-
-  int Threads() const {
-    if (options.threads > 0) return options.threads;
-    unsigned hw = std::thread::hardware_concurrency();
-    return static_cast<int>(std::clamp<unsigned>(hw == 0 ? 4 : hw, 1, 16));
-  }
-
-  // First error wins. Called with mu held.
-  void Fail(Status st) {
-    if (!failed) {
-      failed = true;
-      if (sink) sink->Cancel(st);
-      error = std::move(st);
-    }
-  }
-
-  Status Report(uint64_t n) {
-    std::lock_guard<std::mutex> lock(progress_mu);
-    progress_done += n;
-    return options.progress(progress_done);
-  }
-
-  Status PipelineStatus() {
-    std::lock_guard<std::mutex> lock(mu);
-    return failed ? error : Status::Ok();
-  }
+  ~Impl() { Abort(); }
 
   void Abort() {
     if (spent) return;
     spent = true;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      Fail(Error(StatusCode::kInvalidArgument, path, ": writer aborted"));
+    if (pipeline) {
+      pipeline->Fail(Error(StatusCode::kInvalidArgument, path, ": writer aborted"));
+      pipeline->Drain();
     }
-    Drain();
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
+    (void)temp_lock.Close();
   }
 
   Status CheckUsable() const {
@@ -382,236 +108,6 @@ class Writer::Impl {
     }
     return Status::Ok();
   }
-
-  // ---- workers ----------------------------------------------------------------------------
-
-  Status StartWorkers() {
-    if (!workers.empty()) return Status::Ok();
-    const int n = Threads();
-    window = 2 * static_cast<uint64_t>(n) + 2;
-    try {
-      for (int i = 0; i < n; ++i) workers.emplace_back([this] { Work(); });
-    } catch (const std::system_error& e) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        Fail(Error(StatusCode::kResourceExhausted, path, ": cannot start writer threads (",
-                   e.what(), ")"));
-        closed = true;
-      }
-      work_cv.notify_all();
-      JoinWorkers();
-      std::lock_guard<std::mutex> lock(mu);
-      return error;
-    }
-    return Status::Ok();
-  }
-
-  void JoinWorkers() {
-    for (auto& t : workers) {
-      if (t.joinable()) t.join();
-    }
-    workers.clear();
-  }
-
-  // Closes the pipeline and waits until every block is done (written, or dropped after a
-  // failure, its device copy complete and its staging piece back).
-  void Drain() {
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      closed = true;
-      work_cv.notify_all();
-      done_cv.wait(lock, [&] { return blocks_done == blocks.size(); });
-    }
-    work_cv.notify_all();
-    JoinWorkers();
-  }
-
-  void Work() {
-#ifdef FERRY_HAVE_CUDA
-    CUcontext bound = nullptr;
-#endif
-    std::vector<uint8_t> scratch;
-    std::unique_lock<std::mutex> lock(mu);
-    for (;;) {
-      if (!write_queue.empty()) {
-        Block* b = write_queue.front();
-        write_queue.pop_front();
-        b->state = Block::State::kWriting;
-        const bool skip = failed;
-        lock.unlock();
-        Status st;
-        if (!skip && sink) {
-          st = sink->Put(b->offset - b->pad, nullptr, b->pad);
-          if (st.ok()) st = sink->Put(b->offset, b->data, b->stored);
-        } else if (!skip && b->stored > 0) {
-          st = file.PWriteAll(b->data, b->stored, b->offset);
-        }
-        if (!skip && st.ok() && options.progress) st = Report(b->n);
-        if (b->pool != nullptr) b->pool->Release(b->piece);
-        lock.lock();
-        if (!st.ok()) Fail(std::move(st));
-        if (b->out) free_bufs.push_back(std::move(b->out));
-        b->state = Block::State::kDone;
-        b->rec->pending--;
-        ++blocks_done;
-        done_cv.notify_all();
-        if (closed && blocks_done == blocks.size()) work_cv.notify_all();
-        continue;
-      }
-      if (next_encode < blocks.size() && next_encode < seq + window) {
-        Block* b = &blocks[next_encode++];
-        b->state = Block::State::kEncoding;
-        const bool skip = failed;
-        std::unique_ptr<std::vector<uint8_t>> out;
-        if (!skip && b->rec->encoding != Encoding::kRaw) {
-          if (free_bufs.empty()) {
-            out = std::make_unique<std::vector<uint8_t>>();
-          } else {
-            out = std::move(free_bufs.back());
-            free_bufs.pop_back();
-          }
-        }
-#ifdef FERRY_HAVE_CUDA
-        if (b->event != nullptr && bound != ctx) {
-          // The first CUDA call of this thread must find the caller's context, or the
-          // runtime would make device 0's primary context current.
-          if (Driver().ok && ctx != nullptr) Driver().ctx_set_current(ctx);
-          bound = ctx;
-        }
-#endif
-        lock.unlock();
-        Status st = Encode(*b, std::move(out), skip, scratch);
-        lock.lock();
-#ifdef FERRY_HAVE_CUDA
-        if (b->event != nullptr) {
-          free_events.push_back(static_cast<cudaEvent_t>(b->event));
-          b->event = nullptr;
-        }
-#endif
-        if (!st.ok()) Fail(std::move(st));
-        b->state = Block::State::kEncoded;
-        Sequence();
-        continue;
-      }
-      if (closed && blocks_done == blocks.size()) return;
-      work_cv.wait(lock);
-    }
-  }
-
-  // Waits for the block's bytes, then checksums and encodes them. Runs without mu.
-  Status Encode(Block& b, std::unique_ptr<std::vector<uint8_t>> out, bool skip,
-                std::vector<uint8_t>& scratch) {
-#ifdef FERRY_HAVE_CUDA
-    if (b.event != nullptr) {
-      // Even a failed save waits: the copy writes into a staging piece that is about to be
-      // handed out again.
-      cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(b.event));
-      if (err != cudaSuccess) {
-        return CudaStatus(err, StrCat(path, ": tensor ", Quote(b.rec->name)),
-                          "device-to-host copy");
-      }
-    }
-#endif
-    if (skip || b.n == 0) return Status::Ok();
-    b.checksum = Checksum64(b.raw, b.n);
-    b.data = b.raw;
-    b.stored = b.n;
-    if (b.rec->encoding == Encoding::kRaw) return Status::Ok();
-    const uint8_t* input = b.raw;
-    size_t width = ShuffleWidth(b.rec->dtype);
-    if (b.rec->encoding == Encoding::kPlanes) return EncodePlanes(b, std::move(out), scratch);
-    b.codec = static_cast<uint8_t>(fb::ChunkCodec::ZSTD);
-    if (b.rec->encoding == Encoding::kShuffleZstd && width > 1) {
-      if (scratch.size() < b.n) scratch.resize(b.n);
-      Shuffle(b.raw, scratch.data(), b.n, width);
-      input = scratch.data();
-    }
-    size_t bound = CompressBound(b.n);
-    if (out->size() < bound) out->resize(bound);
-    auto csize = ZstdCompress(input, b.n, out->data(), bound, options.zstd_level);
-    if (!csize.ok()) {
-      return Error(csize.status().code(), path, ": tensor ", Quote(b.rec->name), ": ",
-                   csize.status().message());
-    }
-    b.compressed =
-        static_cast<double>(*csize) <= static_cast<double>(b.n) * (1.0 - options.min_savings);
-    if (b.compressed) {
-      b.stored = *csize;
-    } else if (input != b.raw) {
-      // Stored chunks of a shuffled tensor hold the shuffled bytes (the reader unshuffles).
-      std::memcpy(out->data(), input, b.n);
-    } else {
-      out.reset();  // stored as they are: written straight from `raw`
-    }
-    if (out) {
-      b.data = out->data();
-      b.out = std::move(out);
-    }
-    return Status::Ok();
-  }
-
-  // Planes blocks that do not pay are stored raw and unshuffled: the loader then copies them
-  // like raw data, straight from `raw`.
-  Status EncodePlanes(Block& b, std::unique_ptr<std::vector<uint8_t>> out,
-                      std::vector<uint8_t>& scratch) {
-    if (scratch.size() < b.n) scratch.resize(b.n);
-    const size_t bound = planes::Bound(b.n);
-    if (out->size() < bound) out->resize(bound);
-    const size_t n = planes::Encode(b.raw, b.n, ShuffleWidth(b.rec->dtype), out->data(),
-                                    scratch.data(), options.min_savings);
-    b.codec = static_cast<uint8_t>(fb::ChunkCodec::PLANES);
-    b.compressed = n > 0;
-    if (!b.compressed) return Status::Ok();
-    b.stored = n;
-    b.data = out->data();
-    b.out = std::move(out);
-    return Status::Ok();
-  }
-
-  // Gives offsets to the encoded blocks at the head of the sequence, in block order (the
-  // file layout is the same as a one-thread writer's). Called with mu held.
-  void Sequence() {
-    bool any = false;
-    while (seq < blocks.size() && blocks[seq].state == Block::State::kEncoded) {
-      Block& b = blocks[seq++];
-      TensorRecord& r = *b.rec;
-      if (!failed) {
-        const uint64_t end = pos;
-        if (b.first) {
-          pos = AlignUp(pos, format::TensorAlignment(r.nbytes));
-          r.data_offset = pos;
-        }
-        b.offset = pos;
-        b.pad = pos - end;
-        if (b.n > 0) r.checksums.push_back(b.checksum);
-        if (r.encoding != Encoding::kRaw && b.n > 0) {
-          r.chunks.push_back(
-              ChunkRecord{pos - r.data_offset, b.stored,
-                          b.compressed ? b.codec : static_cast<uint8_t>(fb::ChunkCodec::STORED)});
-        }
-        pos += b.stored;
-        if (b.last) {
-          r.data_size = pos - r.data_offset;
-          if (r.data_size == 0) r.data_offset = 0;
-        }
-      }
-      b.state = Block::State::kAssigned;
-      write_queue.push_back(&b);
-      any = true;
-    }
-    if (any) work_cv.notify_all();
-  }
-
-  void Push(Block&& b) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      b.rec->pending++;
-      blocks.push_back(std::move(b));
-    }
-    work_cv.notify_one();
-  }
-
-  // ---- staging ----------------------------------------------------------------------------
 
   Result<StagingPool::Impl*> Pool() {
     if (!pool) {
@@ -625,87 +121,17 @@ class Writer::Impl {
     return &pool->impl();
   }
 
-#ifdef FERRY_HAVE_CUDA
-  // The caller's context and device, checked against the first device tensor's.
-  Status BindDevice(const std::string& where, const void* data, uint64_t nbytes) {
-    int dev = -1;
-    FERRY_CUDA_RETURN(cudaGetDevice(&dev), where);
-    // The current device's context, made current on this thread if it has none (never
-    // another device's).
-    FERRY_CUDA_RETURN(cudaFree(nullptr), where);
-    CUcontext cur = nullptr;
-    if (Driver().ok) Driver().ctx_get_current(&cur);
-    if (nbytes > 0) {
-      cudaPointerAttributes attr{};
-      cudaError_t err = cudaPointerGetAttributes(&attr, data);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        return CudaStatus(err, where, "cudaPointerGetAttributes");
-      }
-      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-        return Error(StatusCode::kInvalidArgument, where,
-                     ": the source is not device memory (use AddTensor for host memory)");
-      }
-      if (attr.type == cudaMemoryTypeDevice && attr.device != dev) {
-        return Error(StatusCode::kInvalidArgument, where, ": the source is memory of device ",
-                     attr.device, " but device ", dev, " is current; make device ", attr.device,
-                     " current first");
-      }
-    }
-    if (device < 0) {
-      device = dev;
-      ctx = cur;
-    } else if (dev != device || cur != ctx) {
-      return Error(StatusCode::kInvalidArgument, where, ": device ", dev,
-                   " is current, but this writer's device tensors are on device ", device);
-    }
-    return Status::Ok();
-  }
-
-  Result<cudaEvent_t> TakeEvent() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!free_events.empty()) {
-        cudaEvent_t e = free_events.back();
-        free_events.pop_back();
-        return e;
-      }
-    }
-    cudaEvent_t e = nullptr;
-    FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), path);
-    all_events.push_back(e);
-    return e;
-  }
-
-  Status RecordTail(cudaStream_t stream) {
-    cudaEvent_t e = nullptr;
-    for (auto& [s, ev] : tails) {
-      if (s == stream) e = ev;
-    }
-    if (e == nullptr) {
-      FERRY_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), path);
-      all_events.push_back(e);
-      tails.emplace_back(stream, e);
-    }
-    FERRY_CUDA_RETURN(cudaEventRecord(e, stream), path);
-    return Status::Ok();
-  }
-#endif
-
   Status WaitSnapshot() {
-#ifdef FERRY_HAVE_CUDA
-    for (auto& [s, e] : tails) {
-      cudaError_t err = cudaEventSynchronize(e);
-      if (err != cudaSuccess) return CudaStatus(err, path, "waiting for device-to-host copies");
-    }
-#endif
-    return PipelineStatus();
+    FERRY_RETURN_IF_ERROR(device.WaitAll());
+    return pipeline->status();
   }
 
   // ---- adding tensors ---------------------------------------------------------------------
 
-  Status Add(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
-             const Source& src, Encoding encoding) {
+  // The tensor's size in bytes, once its name, dtype, encoding, shape and source are usable.
+  Result<uint64_t> CheckTensor(std::string_view name, DType dtype,
+                               const std::vector<int64_t>& shape, const Source& src,
+                               Encoding encoding) const {
     FERRY_RETURN_IF_ERROR(CheckUsable());
     FERRY_RETURN_IF_ERROR(CheckKey(path, name, "tensor name"));
     if (names.count(name)) {
@@ -737,41 +163,108 @@ class Writer::Impl {
                      DTypeName(dtype), " shape needs ", *nbytes, " bytes, got ", src.host_bytes);
       }
     }
+    return *nbytes;
+  }
+
+  // Gives block `b` its bytes: a staging piece filled from the source (a host copy, the fill
+  // function, or an enqueued device copy), or, unstaged, the caller's memory itself.
+  Status StageBlock(Block& b, const Source& src, StagingPool::Impl* staging,
+                    const std::string& where) {
+    const uint64_t off = b.raw_off;
+    if (staging != nullptr) {
+      auto piece = staging->Acquire(b.n);
+      if (!piece.ok()) return Error(piece.status().code(), where, ": ", piece.status().message());
+      b.pool = staging;
+      b.piece = piece->id;
+      b.raw = piece->data;
+    }
+    switch (src.kind) {
+      case Source::Kind::kHost:
+        if (b.pool != nullptr) {
+          std::memcpy(const_cast<uint8_t*>(b.raw), src.host + off, b.n);
+        } else {
+          b.raw = src.host + off;
+        }
+        return Status::Ok();
+      case Source::Kind::kFill: {
+        Status st = (*src.fill)(off, const_cast<uint8_t*>(b.raw), b.n);
+        if (!st.ok()) {
+          return Error(st.code(), where, ": source failed at byte ", off, ": ", st.message());
+        }
+        return Status::Ok();
+      }
+      case Source::Kind::kDevice: {
+        FERRY_ASSIGN_OR_RETURN(b.event, device.Copy(const_cast<uint8_t*>(b.raw), src.device + off,
+                                                    b.n, src.stream, where, off));
+        return Status::Ok();
+      }
+    }
+    return Status::Ok();
+  }
+
+  // A failure while adding spoils the whole save: the file would miss part of a tensor.
+  Status Spoil(Status st) {
+    pipeline->Fail(st);
+    return st;
+  }
+
+  // A host or pulled tensor of one small block: copied into the pipeline's batch, so it costs
+  // no thread hand-off (and the caller's memory is free at the return, as when staged).
+  Status AddSmall(PipelineTensor& rec, const Source& src) {
+    uint8_t* dst = pipeline->AddSmall(&rec, rec.nbytes);
+    if (rec.nbytes == 0) return pipeline->status();
+    if (src.kind == Source::Kind::kHost) {
+      std::memcpy(dst, src.host, rec.nbytes);
+      return pipeline->status();
+    }
+    Status st = (*src.fill)(0, dst, rec.nbytes);
+    if (!st.ok()) {
+      return Spoil(Error(st.code(), path, ": tensor ", Quote(rec.name),
+                         ": source failed at byte 0: ", st.message()));
+    }
+    return pipeline->status();
+  }
+
+  PipelineTensor& NewRecord(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+                            uint64_t nbytes, Encoding encoding) {
+    tensors.emplace_back();
+    PipelineTensor& rec = tensors.back();
+    rec.name = std::string(name);
+    rec.dtype = dtype;
+    rec.shape = shape;
+    rec.nbytes = nbytes;
+    rec.encoding = nbytes == 0 ? Encoding::kRaw : encoding;
+    rec.block_size = nbytes == 0 ? 0 : options.block_size;
+    names.insert(rec.name);
+    return rec;
+  }
+
+  Status Add(std::string_view name, DType dtype, const std::vector<int64_t>& shape,
+             const Source& src, Encoding encoding) {
+    FERRY_ASSIGN_OR_RETURN(const uint64_t nbytes, CheckTensor(name, dtype, shape, src, encoding));
+    if (src.kind != Source::Kind::kDevice &&
+        nbytes <= std::min(BlockPipeline::kSmallBytes, options.block_size)) {
+      FERRY_RETURN_IF_ERROR(pipeline->status());
+      FERRY_RETURN_IF_ERROR(pipeline->Start());
+      return AddSmall(NewRecord(name, dtype, shape, nbytes, encoding), src);
+    }
     const std::string where = StrCat(path, ": tensor ", Quote(name));
     const bool staged = src.kind != Source::Kind::kHost || options.staging != nullptr;
     StagingPool::Impl* staging = nullptr;
-    if (staged && *nbytes > 0) {
+    if (staged && nbytes > 0) {
       FERRY_ASSIGN_OR_RETURN(staging, Pool());
     }
-#ifdef FERRY_HAVE_CUDA
-    cudaStream_t stream = reinterpret_cast<cudaStream_t>(src.stream);
     if (src.kind == Source::Kind::kDevice) {
-      FERRY_RETURN_IF_ERROR(BindDevice(where, src.device, *nbytes));
+      FERRY_RETURN_IF_ERROR(device.Bind(where, src.device, nbytes));
       if (staging != nullptr) {
         Status st = staging->EnsurePinned();
         if (!st.ok()) return Error(st.code(), where, ": ", st.message());
       }
     }
-#else
-    if (src.kind == Source::Kind::kDevice) {
-      return Error(StatusCode::kUnimplemented, where,
-                   ": this build of TensorFerry has no CUDA support (copy the tensor to the host "
-                   "and use AddTensor)");
-    }
-#endif
-    FERRY_RETURN_IF_ERROR(PipelineStatus());
-    FERRY_RETURN_IF_ERROR(StartWorkers());
+    FERRY_RETURN_IF_ERROR(pipeline->status());
+    FERRY_RETURN_IF_ERROR(pipeline->Start());
 
-    tensors.emplace_back();
-    TensorRecord& rec = tensors.back();
-    rec.name = std::string(name);
-    rec.dtype = dtype;
-    rec.shape = shape;
-    rec.nbytes = *nbytes;
-    rec.encoding = *nbytes == 0 ? Encoding::kRaw : encoding;
-    rec.block_size = *nbytes == 0 ? 0 : options.block_size;
-    names.insert(rec.name);
-
+    PipelineTensor& rec = NewRecord(name, dtype, shape, nbytes, encoding);
     const uint64_t bs = options.block_size;
     uint64_t off = 0;
     do {
@@ -781,172 +274,30 @@ class Writer::Impl {
       b.n = static_cast<size_t>(std::min(bs, rec.nbytes - off));
       b.first = off == 0;
       b.last = off + b.n == rec.nbytes;
-      Status st;
-      if (b.n > 0 && staging != nullptr) {
-        auto piece = staging->Acquire(b.n);
-        if (!piece.ok()) {
-          st = Error(piece.status().code(), where, ": ", piece.status().message());
-        } else {
-          b.pool = staging;
-          b.piece = piece->id;
-          b.raw = piece->data;
+      if (b.n > 0) {
+        Status st = StageBlock(b, src, staging, where);
+        if (!st.ok()) {
+          if (b.pool != nullptr) b.pool->Release(b.piece);
+          return Spoil(std::move(st));
         }
       }
-      if (st.ok() && b.n > 0) {
-        switch (src.kind) {
-          case Source::Kind::kHost:
-            if (b.pool != nullptr) {
-              std::memcpy(const_cast<uint8_t*>(b.raw), src.host + off, b.n);
-            } else {
-              b.raw = src.host + off;
-            }
-            break;
-          case Source::Kind::kFill:
-            st = (*src.fill)(off, const_cast<uint8_t*>(b.raw), b.n);
-            if (!st.ok()) {
-              st = Error(st.code(), where, ": source failed at byte ", off, ": ", st.message());
-            }
-            break;
-          case Source::Kind::kDevice: {
-#ifdef FERRY_HAVE_CUDA
-            auto ev = TakeEvent();
-            cudaError_t err = ev.ok()
-                                  ? cudaMemcpyAsync(const_cast<uint8_t*>(b.raw), src.device + off,
-                                                    b.n, cudaMemcpyDeviceToHost, stream)
-                                  : cudaSuccess;
-            if (!ev.ok()) {
-              st = ev.status();
-            } else if (err != cudaSuccess || (err = cudaEventRecord(*ev, stream)) != cudaSuccess) {
-              st = CudaStatus(err, StrCat(where, " at byte ", off), "device-to-host copy");
-              // The event may be unrecorded; the copy, if enqueued, still needs waiting for.
-              cudaStreamSynchronize(stream);
-              std::lock_guard<std::mutex> lock(mu);
-              free_events.push_back(*ev);
-            } else {
-              b.event = *ev;
-            }
-#endif
-            break;
-          }
-        }
-      }
-      if (!st.ok()) {
-        // The file now misses part of this tensor: the whole save is spoiled.
-        if (b.pool != nullptr) b.pool->Release(b.piece);
-        std::lock_guard<std::mutex> lock(mu);
-        Fail(st);
-        return st;
-      }
-      Push(std::move(b));
+      pipeline->Push(std::move(b));
       off += bs;
     } while (off < rec.nbytes);
-#ifdef FERRY_HAVE_CUDA
     if (src.kind == Source::Kind::kDevice && rec.nbytes > 0) {
-      Status st = RecordTail(stream);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        Fail(st);
-        return st;
-      }
+      Status st = device.RecordTail(src.stream);
+      if (!st.ok()) return Spoil(std::move(st));
     }
-#endif
-    if (!staged) {
-      // The blocks point into the caller's memory: return once they are in the file.
-      std::unique_lock<std::mutex> lock(mu);
-      done_cv.wait(lock, [&] { return rec.pending == 0; });
-      return failed ? error : Status::Ok();
-    }
-    return PipelineStatus();
+    // Unstaged blocks point into the caller's memory: return once they are in the file.
+    if (!staged) return pipeline->WaitWritten(rec);
+    return pipeline->status();
   }
 
-  flatbuffers::Offset<fb::QuantizedComponent> BuildComponent(
-      flatbuffers::FlatBufferBuilder& b, const std::optional<QuantizedComponent>& c) {
-    if (!c) return 0;
-    auto data = b.CreateString(c->data);
-    auto scale = c->scale_inv.empty() ? 0 : b.CreateString(c->scale_inv);
-    auto amax = c->amax.empty() ? 0 : b.CreateString(c->amax);
-    return fb::CreateQuantizedComponent(b, data, scale,
-                                        static_cast<fb::ScaleLayout>(c->scale_layout), amax);
-  }
+  // ---- commit -----------------------------------------------------------------------------
 
-  std::pair<fb::Recipe, flatbuffers::Offset<void>> BuildRecipe(flatbuffers::FlatBufferBuilder& b,
-                                                               const Recipe& recipe) {
-    struct Visitor {
-      flatbuffers::FlatBufferBuilder& b;
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(std::monostate) {
-        return {fb::Recipe::NONE, 0};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const DelayedScaling& r) {
-        return {fb::Recipe::DelayedScaling,
-                fb::CreateDelayedScaling(b, r.margin, static_cast<fb::Fp8Format>(r.fp8_format),
-                                         r.amax_history_len,
-                                         static_cast<fb::AmaxComputeAlgo>(r.amax_compute_algo),
-                                         r.reduce_amax, r.fp8_dpa, r.fp8_mha)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const Float8CurrentScaling& r) {
-        return {fb::Recipe::Float8CurrentScaling,
-                fb::CreateFloat8CurrentScaling(b, static_cast<fb::Fp8Format>(r.fp8_format),
-                                               r.fp8_dpa, r.fp8_mha)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const MXFP8BlockScaling& r) {
-        return {fb::Recipe::MXFP8BlockScaling,
-                fb::CreateMXFP8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format)).Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const Float8BlockScaling& r) {
-        return {fb::Recipe::Float8BlockScaling,
-                fb::CreateFloat8BlockScaling(b, static_cast<fb::Fp8Format>(r.fp8_format),
-                                             r.x_block_scaling_dim, r.w_block_scaling_dim,
-                                             r.grad_block_scaling_dim)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const NVFP4BlockScaling& r) {
-        return {fb::Recipe::NVFP4BlockScaling,
-                fb::CreateNVFP4BlockScaling(b, r.disable_rht, r.disable_stochastic_rounding,
-                                            r.disable_2d_quantization)
-                    .Union()};
-      }
-      std::pair<fb::Recipe, flatbuffers::Offset<void>> operator()(const CustomRecipe& r) {
-        auto name = b.CreateString(r.name);
-        auto qf = r.qfactory.empty() ? 0 : b.CreateString(r.qfactory);
-        return {fb::Recipe::CustomRecipe, fb::CreateCustomRecipe(b, name, qf).Union()};
-      }
-    };
-    return std::visit(Visitor{b}, recipe);
-  }
-
-  Status BuildFooter(flatbuffers::FlatBufferBuilder& b) {
-    std::sort(tensors.begin(), tensors.end(),
-              [](const TensorRecord& x, const TensorRecord& y) { return x.name < y.name; });
-    std::vector<flatbuffers::Offset<fb::Tensor>> toffs;
-    toffs.reserve(tensors.size());
-    std::vector<fb::Chunk> chunks;
-    for (const TensorRecord& t : tensors) {
-      auto name = b.CreateString(t.name);
-      auto shape = b.CreateVector(t.shape);
-      auto sums = b.CreateVector(t.checksums);
-      flatbuffers::Offset<flatbuffers::Vector<const fb::Chunk*>> ch = 0;
-      if (t.encoding != Encoding::kRaw) {
-        chunks.clear();
-        for (const ChunkRecord& c : t.chunks) {
-          chunks.emplace_back(c.offset, c.stored_size, static_cast<fb::ChunkCodec>(c.codec));
-        }
-        ch = b.CreateVectorOfStructs(chunks);
-      }
-      flatbuffers::Offset<flatbuffers::Vector<int64_t>> gshape = 0, goffset = 0;
-      if (!t.global_shape.empty() || !t.shard_offset.empty()) {
-        gshape = b.CreateVector(t.global_shape);
-        goffset = b.CreateVector(t.shard_offset);
-      }
-      toffs.push_back(fb::CreateTensor(
-          b, name, static_cast<fb::DType>(t.dtype), shape, t.data_offset, t.data_size, t.nbytes,
-          static_cast<fb::Encoding>(t.encoding), t.block_size, sums, ch, gshape, goffset));
-    }
-    auto tvec = b.CreateVector(toffs);
-
-    std::vector<flatbuffers::Offset<fb::QuantizedTensor>> qoffs;
-    for (const auto& [qname, q] : quantized) {
+  // Every tensor a quantized tensor names must have been added.
+  Status CheckQuantizedRefs() const {
+    for (const auto& [qname, q] : extras.quantized) {
       for (const auto* c : {&q.rowwise, &q.columnwise}) {
         if (!*c) continue;
         for (const std::string* ref : {&(*c)->data, &(*c)->scale_inv, &(*c)->amax}) {
@@ -957,91 +308,33 @@ class Writer::Impl {
           }
         }
       }
-      auto name = b.CreateString(q.name);
-      auto shape = b.CreateVector(q.shape);
-      auto row = BuildComponent(b, q.rowwise);
-      auto col = BuildComponent(b, q.columnwise);
-      qoffs.push_back(fb::CreateQuantizedTensor(b, name, static_cast<fb::DType>(q.quantized_dtype),
-                                                static_cast<fb::DType>(q.logical_dtype), shape,
-                                                static_cast<fb::ScalingMode>(q.scaling_mode), row,
-                                                col));
     }
-    auto qvec = b.CreateVector(qoffs);
-
-    std::vector<flatbuffers::Offset<fb::ScalingState>> soffs;
-    for (const auto& [module, s] : scaling) {
-      std::vector<flatbuffers::Offset<fb::DirectionState>> doffs;
-      for (const DirectionState& d : s.states) {
-        std::vector<uint8_t> roles;
-        for (SlotRole r : d.slot_roles) roles.push_back(static_cast<uint8_t>(r));
-        auto rv = b.CreateVector(reinterpret_cast<const fb::SlotRole*>(roles.data()), roles.size());
-        auto sv = b.CreateVector(d.scale);
-        auto hv = b.CreateVector(d.amax_history);
-        doffs.push_back(fb::CreateDirectionState(b, static_cast<fb::Direction>(d.direction),
-                                                 d.num_gemms, rv, sv, hv, d.history_len));
-      }
-      auto dvec = b.CreateVector(doffs);
-      auto mname = b.CreateString(module);
-      auto [rtype, roff] = BuildRecipe(b, s.recipe);
-      soffs.push_back(fb::CreateScalingState(b, mname, rtype, roff, dvec));
-    }
-    auto svec = b.CreateVector(soffs);
-
-    std::vector<flatbuffers::Offset<fb::KeyValue>> moffs;
-    for (const auto& [k, v] : metadata) {
-      auto ko = b.CreateString(k);
-      auto vo = b.CreateString(v);
-      moffs.push_back(fb::CreateKeyValue(b, ko, vo));
-    }
-    auto mvec = b.CreateVector(moffs);
-    std::string producer = options.producer.empty()
-                               ? std::string("tensorferry ") + FERRY_VERSION_STRING
-                               : options.producer;
-    auto prod = b.CreateString(producer);
-    std::vector<uint32_t> order;
-    for (uint32_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].data_size > 0) order.push_back(i);
-    }
-    std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
-      return tensors[x].data_offset < tensors[y].data_offset;
-    });
-    auto ovec = b.CreateVector(order);
-    auto root = fb::CreateCheckpoint(b, kFormatVersion, prod, fb::ChecksumAlgo::XXH3_64, tvec, qvec,
-                                     svec, mvec, ovec);
-    fb::FinishCheckpointBuffer(b, root);
     return Status::Ok();
+  }
+
+  // Footer and trailer after the data section, 8-byte aligned.
+  Status WriteFooter() {
+    FERRY_RETURN_IF_ERROR(CheckQuantizedRefs());
+    std::vector<const format::TensorRecord*> records;
+    records.reserve(tensors.size());
+    for (const PipelineTensor& t : tensors) records.push_back(&t);
+    FERRY_ASSIGN_OR_RETURN(std::vector<uint8_t> footer,
+                           format::BuildFooter(std::move(records), extras, path));
+    const auto trailer = format::MakeTrailer(footer);
+    const uint64_t footer_at = AlignUp(pipeline->end(), 8);
+    FERRY_RETURN_IF_ERROR(pipeline->WriteTail(footer_at, footer.data(), footer.size()));
+    FERRY_RETURN_IF_ERROR(
+        pipeline->WriteTail(footer_at + footer.size(), trailer.data(), trailer.size()));
+    return pipeline->Close(pipeline->end());
   }
 
   // Drains the pipeline, writes footer and trailer, fsyncs and renames. On failure the
   // temporary file is removed and `path` is untouched.
   Status Finish() {
-    Drain();
-    Status st = PipelineStatus();
-    flatbuffers::FlatBufferBuilder builder(1 << 16);
-    if (st.ok()) st = BuildFooter(builder);
-    if (st.ok() && builder.GetSize() > format::kMaxFooterBytes) {
-      st = Error(StatusCode::kResourceExhausted, path, ": footer of ", builder.GetSize(),
-                 " bytes exceeds the format's limit of ", format::kMaxFooterBytes);
-    }
-    if (st.ok()) {
-      const uint64_t footer_at = AlignUp(pos, 8);
-      const uint64_t footer_size = builder.GetSize();
-      uint8_t trailer[format::kTrailerSize];
-      uint64_t sum = Checksum64(builder.GetBufferPointer(), footer_size);
-      std::memcpy(trailer, &footer_size, 8);
-      std::memcpy(trailer + 8, &sum, 8);
-      std::memcpy(trailer + 16, format::kMagic, format::kMagicSize);
-      if (sink) {
-        st = sink->Put(pos, nullptr, footer_at - pos);
-        if (st.ok()) st = sink->Put(footer_at, builder.GetBufferPointer(), footer_size);
-        if (st.ok()) st = sink->Put(footer_at + footer_size, trailer, sizeof(trailer));
-        if (st.ok()) st = sink->Finish(footer_at + footer_size + sizeof(trailer), file);
-      } else {
-        st = file.PWriteAll(builder.GetBufferPointer(), footer_size, footer_at);
-        if (st.ok()) st = file.PWriteAll(trailer, sizeof(trailer), footer_at + footer_size);
-      }
-    }
-    sink.reset();
+    pipeline->Drain();
+    Status st = pipeline->status();
+    if (st.ok()) st = WriteFooter();
+    (void)pipeline->Close(0);
     if (st.ok() && options.durable) st = file.Sync();
     if (st.ok()) st = KeepPermissions(file, dest);
     if (st.ok()) st = file.Close();
@@ -1049,8 +342,10 @@ class Writer::Impl {
     if (!st.ok()) {
       (void)file.Close();
       ::unlink(tmp_path.c_str());
+      (void)temp_lock.Close();
       return st;
     }
+    (void)temp_lock.Close();
     finished = true;
     if (options.durable) FERRY_RETURN_IF_ERROR(SyncParentDir(dest));
     return Status::Ok();
@@ -1088,17 +383,21 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
     return Error(StatusCode::kInvalidArgument, path, ": block_size ", options.block_size,
                  " exceeds the staging pool of ", options.staging->bytes(), " bytes");
   }
-  auto impl = std::make_shared<Impl>();
-  impl->path = path;
-  impl->options = std::move(options);
-  impl->pool = impl->options.staging;
+  auto impl = std::make_shared<Impl>(path, std::move(options));
   FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
-  impl->tmp_path = TempPath(impl->dest);
-  FERRY_ASSIGN_OR_RETURN(impl->file, File::CreateExclusive(impl->tmp_path));
+  SweepStaleTemps(impl->dest);
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(impl->dest));
+  impl->file = std::move(temp.file);
+  impl->tmp_path = std::move(temp.path);
+  impl->temp_lock = std::move(temp.lock);
   // Bytes between the magic and the first tensor, and between tensors, are never written:
   // they read as zeros (holes).
-  if (impl->options.direct_io) impl->sink = DirectSink::Open(impl->tmp_path, &impl->file);
-  if (!impl->sink) {
+  std::unique_ptr<DirectSink> sink;
+  if (impl->options.direct_io) sink = DirectSink::Open(impl->tmp_path, &impl->file);
+  const bool direct = sink != nullptr;
+  impl->pipeline = std::make_unique<BlockPipeline>(path, impl->options, &impl->file,
+                                                   std::move(sink), &impl->device);
+  if (!direct) {
     FERRY_RETURN_IF_ERROR(impl->file.PWriteAll(format::kMagic, format::kMagicSize, 0));
   }
   return Writer(std::move(impl));
@@ -1176,11 +475,8 @@ Result<SaveHandle> Writer::CommitAsync() {
     }
     state->cv.notify_all();
   };
-  try {
-    std::thread(finish, impl_).detach();
-  } catch (const std::system_error&) {
-    finish(impl_);  // no thread to spare: finish here, before returning
-  }
+  Status started = StartDetached([finish, impl = impl_] { finish(impl); }, impl_->path);
+  if (!started.ok()) finish(impl_);  // no thread to spare: finish here, before returning
   return SaveHandle(std::move(state));
 }
 
@@ -1193,7 +489,7 @@ Status Writer::SetGlobalSlice(std::string_view name, const std::vector<int64_t>&
   auto it = !tensors.empty() && tensors.back().name == name
                 ? tensors.end() - 1
                 : std::find_if(tensors.begin(), tensors.end(),
-                               [&](const TensorRecord& t) { return t.name == name; });
+                               [&](const PipelineTensor& t) { return t.name == name; });
   if (it == tensors.end()) {
     return Error(StatusCode::kNotFound, impl_->path, ": SetGlobalSlice of ", Quote(name),
                  ", which was not added");
@@ -1234,7 +530,7 @@ Status Writer::AddQuantized(const QuantizedTensor& tensor) {
                    Quote(tensor.name), ": a component needs a data tensor");
     }
   }
-  if (!impl_->quantized.emplace(tensor.name, tensor).second) {
+  if (!impl_->extras.quantized.emplace(tensor.name, tensor).second) {
     return Error(StatusCode::kInvalidArgument, impl_->path, ": duplicate quantized tensor ",
                  Quote(tensor.name));
   }
@@ -1260,7 +556,7 @@ Status Writer::AddScalingState(const ScalingState& state) {
                    d.amax_history.size(), " history entries");
     }
   }
-  if (!impl_->scaling.emplace(state.module, state).second) {
+  if (!impl_->extras.scaling.emplace(state.module, state).second) {
     return Error(StatusCode::kInvalidArgument, impl_->path, ": duplicate scaling state ",
                  Quote(state.module));
   }
@@ -1271,7 +567,7 @@ Status Writer::SetMetadata(std::string_view key, std::string_view value) {
   if (!impl_) return Error(StatusCode::kInvalidArgument, "moved-from Writer");
   FERRY_RETURN_IF_ERROR(impl_->CheckUsable());
   FERRY_RETURN_IF_ERROR(CheckKey(impl_->path, key, "metadata key"));
-  impl_->metadata[std::string(key)] = std::string(value);
+  impl_->extras.metadata[std::string(key)] = std::string(value);
   return Status::Ok();
 }
 

@@ -16,15 +16,17 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "../torch_builders.hpp"
 #include "codec/codec.hpp"
+#include "codec/planes.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
 #include "format/footer.hpp"
 #include "format/format.hpp"
-#include "codec/planes.hpp"
 #include "format/safetensors.hpp"
 #include "import/torch/te_extra_state.hpp"
 #include "import/torch/torch_checkpoint.hpp"
@@ -114,36 +116,49 @@ inline Status FuzzFooter(const uint8_t* data, size_t size) {
 
 // ---- full host load: Reader::Open, View, ReadInto, ReadRowsInto, Verify, LoadToHost -------
 
-// A scratch file reused across inputs (a fuzzer runs millions of them).
-class ScratchFile {
+// A scratch directory reused across inputs (a fuzzer runs millions of them); each write
+// replaces its file (a fresh inode each time, as a new checkpoint would be).
+class ScratchDir {
  public:
-  ScratchFile() {
+  ScratchDir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "ferry_fuzz_XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) Broken("mkdtemp");
     dir_ = tmpl;
-    path_ = dir_ + "/input.ferry";
   }
-  ~ScratchFile() {
-    ::unlink(path_.c_str());
-    ::rmdir(dir_.c_str());
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
-  // Replaces the file's contents (a fresh inode each time, as a new checkpoint would be).
-  const std::string& Write(const uint8_t* data, size_t size) {
-    ::unlink(path_.c_str());
-    int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::string Write(const std::string& name, const uint8_t* data, size_t size) {
+    const std::string path = dir_ + "/" + name;
+    ::unlink(path.c_str());
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) Broken("open scratch file");
-    size_t done = 0;
-    while (done < size) {
+    for (size_t done = 0; done < size;) {
       ssize_t w = ::write(fd, data + done, size - done);
       if (w <= 0) Broken("write scratch file");
       done += static_cast<size_t>(w);
     }
     ::close(fd);
+    return path;
+  }
+  const std::string& path() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// One scratch file in its own directory.
+class ScratchFile {
+ public:
+  const std::string& Write(const uint8_t* data, size_t size) {
+    path_ = dir_.Write("input.ferry", data, size);
     return path_;
   }
 
  private:
-  std::string dir_, path_;
+  ScratchDir dir_;
+  std::string path_;
 };
 
 inline Loader& HostLoader(IoMode io) {
@@ -343,7 +358,9 @@ inline Status FuzzSafetensors(const uint8_t* data, size_t size) {
 // interpreter accepted lies inside its storage), and every value is tried as
 // TransformerEngine extra state.
 inline void UseTorchValues(torch_import::Heap* heap, const torch_import::Value* root,
-                           const std::string& path) {
+                           const std::string& path, uint64_t input_bytes) {
+  torch_import::WalkBudget budget;  // as TorchCheckpoint's: proportional to the input
+  budget.Grant(input_bytes);
   std::vector<const torch_import::Value*> todo{root};
   std::vector<uint8_t> buf;
   for (size_t k = 0; k < todo.size() && k < 4096; ++k) {
@@ -356,10 +373,11 @@ inline void UseTorchValues(torch_import::Heap* heap, const torch_import::Value* 
       }
     }
     std::vector<std::pair<std::string, std::string>> md;
-    auto st = torch_import::DecodeExtraState(heap, v, "m", nullptr, path, &md);
+    auto st = torch_import::DecodeExtraState(heap, v, "m", nullptr, path, &md, &budget);
     if (!st.ok()) Clean(st.status(), path);
-    for (const auto* x : v->items) todo.push_back(x);
+    for (const auto* x : v->Elements()) todo.push_back(x);
     for (const auto& [a, b] : v->dict) todo.push_back(b);
+    if (v->state != nullptr) todo.push_back(v->state);
   }
 }
 
@@ -371,7 +389,7 @@ inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
   if (torch_import::LooksLikeZip(data, size)) {
     auto root = torch_import::LoadTorchZip(&heap, data, size, path);
     if (!root.ok()) return Clean(root.status(), path);
-    UseTorchValues(&heap, *root, path);
+    UseTorchValues(&heap, *root, path, size);
     return Status::Ok();
   }
   if (torch_import::LooksLikeLegacyTorch(data, size)) {
@@ -385,8 +403,84 @@ inline Status FuzzUnpickle(const uint8_t* data, size_t size) {
   o.where = path;
   auto root = torch_import::Unpickle(&heap, data, size, o);
   if (!root.ok()) return Clean(root.status(), path);
-  UseTorchValues(&heap, *root, path);
+  UseTorchValues(&heap, *root, path, size);
   return Status::Ok();
+}
+
+// ---- whole PyTorch checkpoints: the walk and DCP folders -----------------------------------
+
+// Splits `u32 n, n bytes` off the front of [*data, *data + *size); short inputs give what is
+// there.
+inline std::string TakeFramed(const uint8_t** data, size_t* size) {
+  if (*size < 4) {
+    *data += *size;
+    *size = 0;
+    return {};
+  }
+  uint32_t n;
+  std::memcpy(&n, *data, 4);
+  n = static_cast<uint32_t>(std::min<size_t>(n, *size - 4));
+  std::string out(reinterpret_cast<const char*>(*data + 4), n);
+  *data += 4 + n;
+  *size -= 4 + n;
+  return out;
+}
+
+// What an opened checkpoint promises: unique names, sizes that agree with shapes, every
+// tensor (up to kMaxTensorBytes) readable whole, scaling tables of the declared shape.
+inline Status UseCheckpoint(const torch_import::TorchCheckpoint& ck, const std::string& path) {
+  std::set<std::string> names;
+  std::vector<uint8_t> buf;
+  Status first;
+  for (const torch_import::ImportedTensor& t : ck.tensors()) {
+    Expect(names.insert(t.name).second, "a name imported twice", t.name);
+    Expect(t.ref != nullptr && t.dtype == *t.ref->dtype.dtype, "dtype differs from its ref");
+    auto numel = NumElements(t.shape);
+    auto bytes = numel ? StorageBytes(t.dtype, *numel) : std::nullopt;
+    Expect(bytes && *bytes == t.nbytes, "nbytes disagrees with the shape", t.name);
+    if (t.nbytes > kMaxTensorBytes) continue;
+    buf.assign(t.nbytes + 1, 0xA5);
+    Status st = Clean(ck.Read(t, 0, buf.data(), t.nbytes), path);
+    Expect(buf[t.nbytes] == 0xA5, "Read wrote past the tensor", t.name);
+    if (first.ok()) first = st;
+  }
+  for (const ScalingState& s : ck.scaling()) {
+    for (const DirectionState& d : s.states) {
+      Expect(d.scale.size() == d.slot_roles.size() &&
+                 d.amax_history.size() == static_cast<size_t>(d.history_len) * d.slot_roles.size(),
+             "scaling tables of the wrong size", s.module);
+    }
+  }
+  return first;
+}
+
+// Input: u32 n, n bytes of data.pkl, then storages "0", "1", ... (u32 length, bytes each),
+// written as a torch.save archive and opened as a checkpoint: the interpreter, the walk
+// (names, metadata, extra state) and the reads behind it.
+inline Status FuzzTorchWalk(const uint8_t* data, size_t size) {
+  static ScratchDir scratch;
+  std::string pickle = TakeFramed(&data, &size);
+  std::vector<std::pair<std::string, std::string>> storages;
+  while (size > 0 && storages.size() < 8) {
+    storages.emplace_back(std::to_string(storages.size()), TakeFramed(&data, &size));
+  }
+  const std::string zip = torch_test::TorchSave(pickle, storages);
+  const std::string path =
+      scratch.Write("m.pt", reinterpret_cast<const uint8_t*>(zip.data()), zip.size());
+  auto ck = torch_import::TorchCheckpoint::Open(path);
+  if (!ck.ok()) return Clean(ck.status(), path);
+  return UseCheckpoint(**ck, path);
+}
+
+// Input: u32 n, n bytes of a DCP .metadata, then the bytes of its data file "__0_0.distcp".
+inline Status FuzzDcp(const uint8_t* data, size_t size) {
+  static ScratchDir scratch;
+  std::string meta = TakeFramed(&data, &size);
+  scratch.Write(".metadata", reinterpret_cast<const uint8_t*>(meta.data()), meta.size());
+  scratch.Write("__0_0.distcp", data, size);
+  auto ck = torch_import::TorchCheckpoint::Open(scratch.path());
+  if (!ck.ok()) return Clean(ck.status(), scratch.path());
+  return UseCheckpoint(**ck, scratch.path());
 }
 
 }  // namespace ferry::fuzz

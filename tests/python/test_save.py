@@ -90,6 +90,18 @@ def test_failed_async_save_raises_and_keeps_the_previous_file(tmp_path):
     assert os.listdir(str(target)) == ["keep"]
 
 
+def test_save_into_a_missing_folder_is_an_oserror_naming_the_destination(tmp_path):
+    dest = tmp_path / "absent" / "m.ferry"
+    for save in (tf.save_file, tf.save_file_async):
+        with pytest.raises(OSError) as e:
+            r = save(arrays(1), str(dest))
+            if save is tf.save_file_async:
+                r.result()
+        assert isinstance(e.value, tf.IoError)
+        assert str(dest) + ":" in str(e.value) and ".tmp." not in str(e.value), str(e.value)
+        assert "errno 2)" in str(e.value)
+
+
 @pytest.mark.parametrize("background", [False, True])
 def test_progress_reports_every_byte_and_can_stop_the_save(tmp_path, background):
     path = str(tmp_path / "m.ferry")

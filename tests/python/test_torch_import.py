@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -490,3 +491,188 @@ def test_python_convert_of_safetensors_and_ferry_inputs(tmp_path):
         tf.convert(tmp_path / "m.ferry", tmp_path / "x.safetensors")
     with pytest.raises(tf.NotFoundError):
         tf.convert(tmp_path / "missing.pt", tmp_path / "y.ferry")
+
+
+# ---- hostile inputs, round three (issue 23, items 12-17, 20, 21) -----------------------------
+
+def _run(*args, limit_kib=None, timeout=120):
+    """`ferry` with bytes output, optionally under an address-space limit (`ulimit -v`)."""
+    cmd = [FERRY, *map(str, args)]
+    if limit_kib is not None:
+        cmd = ["bash", "-c", 'ulimit -v %d && exec "$@"' % limit_kib, "ferry", *cmd]
+    return subprocess.run(cmd, capture_output=True, timeout=timeout)
+
+
+# Terminal controls (OSC title, BEL, CSI, DEL, the C1 CSI U+009B), a quote, and bytes that are
+# not UTF-8 (pickle writes a lone surrogate as ED B3 BF).
+EVIL = "\x1b]0;owned\x07\x1b[2J\u009b31m\x7f'\udcff"
+
+
+def _assert_printable(out):
+    for bad in (b"\x1b", b"\x07", b"\x7f", b"\xc2\x9b", b"\xed\xb3\xbf"):
+        assert bad not in out, (bad, out)
+
+
+@needs_ferry
+def test_cli_escapes_everything_from_a_torch_checkpoint(tmp_path):
+    """Names, keys, values, storage locations, module names and skipped entries: every output
+    path of inspect (text and --json), convert and errors."""
+    st = tl.Storage(np.ones(4, np.float32).tobytes(), "float32", location="cuda:" + EVIL)
+    te, _ = tl.te_state(tl.recipe.DelayedScaling(), make=tl.plain_tensor)
+    sd = {"w" + EVIL: tl.Tensor(st, (2, 2)), "k" + EVIL: "v" + EVIL,
+          "m" + EVIL + "._extra_state": tl.uint8_tensor(tl.plain_pickle(te)),
+          "o" + EVIL: tl._FAKES["torch.distributed.checkpoint.metadata"].BytesStorageMetadata()}
+    src = tmp_path / "evil.pt"
+    tl.torch_save(sd, src)
+    p = _run("inspect", src)
+    assert p.returncode == 0, p.stderr
+    _assert_printable(p.stdout + p.stderr)
+    esc = rb"\x1b]0;owned\x07\x1b[2J\xc2\x9b31m\x7f'\xed\xb3\xbf"
+    assert b"w" + esc + b"  F32  [2, 2]" in p.stdout, p.stdout
+    assert b"saved from cuda:" + esc in p.stdout
+    assert b"  k" + esc + b" = v" + esc in p.stdout
+    assert b"  m" + esc + b": DelayedScaling" in p.stdout
+    # Warnings: the name quoted as in every message, escaped once (no \x5cx27).
+    qesc = rb"\x1b]0;owned\x07\x1b[2J\xc2\x9b31m\x7f\x27\xed\xb3\xbf"
+    assert b"ferry: warning: not imported: " in p.stderr
+    assert b"'o" + qesc + b"': a torch.distributed" in p.stderr, p.stderr
+    assert b"\\x5c" not in p.stderr
+    j = _run("inspect", "--json", src)
+    assert j.returncode == 0, j.stderr
+    assert all(32 <= c < 127 or c in b"\n" for c in j.stdout), j.stdout
+    info = json.loads(j.stdout)
+    fixed = EVIL.replace("\udcff", "\ufffd" * 3)  # each byte not UTF-8 becomes U+FFFD
+    assert info["tensors"][0]["name"] == "w" + fixed
+    assert info["tensors"][0]["saved_location"] == "cuda:" + fixed
+    assert info["metadata"]["k" + fixed] == "v" + fixed
+    c = _run("convert", src, tmp_path / "out.ferry")
+    assert c.returncode == 0, c.stderr
+    _assert_printable(c.stdout + c.stderr)
+    assert b"'o" + qesc + b"'" in c.stderr
+    # Errors: a tensor TensorFerry cannot store, named in the message.
+    tl.torch_save({"c" + EVIL: tl.tensor(np.zeros(2, np.float32), dtype="complex32")}, src)
+    for args in (("inspect", src), ("convert", src, tmp_path / "x.ferry")):
+        e = _run(*args)
+        assert e.returncode == 1
+        _assert_printable(e.stdout + e.stderr)
+        assert b"tensor 'c" + qesc + b"' is torch.complex32" in e.stderr, e.stderr
+
+
+@needs_ferry
+def test_shared_references_do_not_hang_the_walk(tmp_path):
+    """The same list twice, nested 60 deep: 2^60 paths in a few hundred bytes."""
+    x = []
+    for _ in range(60):
+        x = [x, x]
+    tl.torch_save({"x": x}, tmp_path / "m.pt")
+    assert (tmp_path / "m.pt").stat().st_size < 2000
+    p = _run("inspect", tmp_path / "m.pt", timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert b"ResourceExhausted" in p.stderr and b"through shared references" in p.stderr
+
+
+@needs_ferry
+def test_shared_arguments_keep_memory_linear(tmp_path):
+    """A 1.1 MB pickle calling a recipe class 160,000 times with one 100,000-item argument
+    tuple: each call copied the tuple (over 100 GB). Now memory follows the pickle: it opens
+    under a 1 GiB address-space limit."""
+    n, m = 100000, 160000
+    pkl = (b"\x80\x02ctransformer_engine.common.recipe\nFormat\nq\x000K\x07q\x010("
+           + b"h\x01" * n + b"tq\x020" + b"h\x00h\x02R0" * m + b"}.")
+    assert 1_000_000 < len(pkl) < 1_200_000
+    (tmp_path / "m.pt").write_bytes(_raw_pickle_zip(pkl))
+    p = _run("inspect", tmp_path / "m.pt", limit_kib=1 << 20)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert b"tensors    0" in p.stdout
+
+
+class _HookedTensor(tl.Tensor):
+    """A tensor whose backward-hooks argument is a list of `n` ints (a pickle of ~2 MB)."""
+
+    def __init__(self, t, n):
+        super().__init__(t.storage, t.shape)
+        self.n = n
+
+    def __reduce_ex__(self, protocol):
+        fn, args = super().__reduce_ex__(protocol)
+        return fn, args[:5] + (list(range(self.n)),)
+
+
+@needs_ferry
+def test_dcp_chunks_naming_one_item_are_refused(tmp_path):
+    """600 chunks over one 2 MB item (a few KB of .metadata): each was parsed again, past
+    1 GiB. Each item of a data file is read once now."""
+    meta = tl._FAKES["torch.distributed.checkpoint.metadata"]
+    fsm = tl._FAKES["torch.distributed.checkpoint.filesystem"]
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    blob = tl.torch_save_bytes(_HookedTensor(tl.tensor(np.ones((1, 1), np.float32)), 400000))
+    assert len(blob) > 1_500_000
+    (ck / "__0_0.distcp").write_bytes(blob)
+    info = fsm._StorageInfo("__0_0.distcp", 0, len(blob))
+    Size = tl.torch.Size
+    chunks = [meta.ChunkStorageMetadata(Size((i, 0)), Size((1, 1))) for i in range(600)]
+    storage = {meta.MetadataIndex("w", Size((i, 0)), i): info for i in range(600)}
+    md = meta.Metadata(state_dict_metadata={"w": meta.TensorStorageMetadata(
+        meta.TensorProperties(tl.torch.float32), Size((600, 1)), chunks)},
+        planner_data={}, storage_data=storage)
+    with tl.fake_modules():
+        (ck / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+    p = _run("inspect", ck, limit_kib=1 << 20)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert b"tensor 'w' chunk 1 (bytes 0 to %d) and tensor 'w' chunk 0" % len(blob) in p.stderr
+    assert b"each item of a data file is read once" in p.stderr
+
+
+@needs_ferry
+def test_empty_dcp_files_are_clean_errors(tmp_path):
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / ".metadata").write_bytes(b"")
+    p = _run("inspect", ck)
+    assert p.returncode == 1 and b".metadata: not a pickle" in p.stderr, p.stderr
+
+
+@needs_ferry
+def test_huge_views_are_refused_by_their_counts(tmp_path):
+    """A broadcast view of 2^62 float32 elements over 4 bytes: 2^64 bytes, which wrapped to 0
+    and was converted as an empty tensor of that shape."""
+    t = tl.Tensor(tl.Storage(np.ones(1, np.float32).tobytes(), "float32"), (1 << 62,),
+                  stride=(0,))
+    tl.torch_save({"w": t}, tmp_path / "m.pt")
+    p = _run("convert", tmp_path / "m.pt", tmp_path / "m.ferry")
+    assert p.returncode == 1, p.stderr
+    assert b"size [4611686018427387904] of float32 is more than 2^63 bytes" in p.stderr, p.stderr
+    assert not (tmp_path / "m.ferry").exists()
+
+
+@needs_ferry
+def test_sharded_bin_index_with_a_tensor_in_two_shards(tmp_path):
+    a = tl.tensor(np.ones(2, np.float32))
+    tl.torch_save({"a": a}, tmp_path / "s1.bin")
+    tl.torch_save({"a": a, "b": tl.tensor(np.zeros(2, np.float32))}, tmp_path / "s2.bin")
+    (tmp_path / "m.bin.index.json").write_text(
+        json.dumps({"weight_map": {"a": "s1.bin", "b": "s2.bin"}}))
+    p = _run("convert", tmp_path / "m.bin.index.json", tmp_path / "m.ferry")
+    assert p.returncode == 1
+    assert (b"tensor 'a' is in two shards: %s and %s" % (
+        str(tmp_path / "s1.bin").encode(), str(tmp_path / "s2.bin").encode())) in p.stderr, p.stderr
+
+
+@needs_ferry
+def test_to_safetensors_writes_only_what_reads_back(tmp_path):
+    """Names with NUL or over 64 KiB and empty metadata keys made files TensorFerry refused."""
+    tf = _tensorferry()
+    w = tl.tensor(np.ones(2, np.float32))
+    cases = [({"a\0b": w}, "tensor name 'a\\x00b' contains a NUL byte"),
+             ({"n" * 70000: w}, "is 70000 bytes (limit 65536)"),
+             ({"w": w, "": 5}, "metadata key '' is empty")]
+    for sd, message in cases:
+        tl.torch_save(sd, tmp_path / "m.pt")
+        out = tmp_path / "m.safetensors"
+        p = _run("convert", tmp_path / "m.pt", out)
+        assert p.returncode == 1 and message.encode() in p.stderr, p.stderr
+        assert not out.exists()
+        with pytest.raises(tf.InvalidArgumentError, match=re.escape(message)):
+            tf.convert(tmp_path / "m.pt", out)
+        assert not out.exists()

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <map>
 
+#include "base/util.hpp"
 #include "format/block_source.hpp"
 #include "format/safetensors.hpp"
-#include "base/util.hpp"
 
 namespace ferry::torch_import {
 

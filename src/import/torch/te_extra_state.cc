@@ -4,8 +4,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "import/torch/torch_checkpoint.hpp"
 #include "base/util.hpp"
+#include "format/recipe.hpp"
+#include "import/torch/torch_checkpoint.hpp"
 
 namespace ferry::torch_import {
 
@@ -31,19 +32,18 @@ std::optional<double> Number(const Value* v) {
 // the member pickled by its qualified name.
 Result<Fp8Format> ReadFormat(const Value* v, const std::string& where) {
   if (v != nullptr && v->is(Kind::kGlobal)) {
-    if (v->s.ends_with("Format.E4M3")) return Fp8Format::kE4M3;
-    if (v->s.ends_with("Format.E5M2")) return Fp8Format::kE5M2;
-    if (v->s.ends_with("Format.HYBRID")) return Fp8Format::kHybrid;
+    const size_t dot = v->s.rfind("Format.");
+    auto f = dot == std::string::npos ? std::nullopt : format::Fp8FormatNamed(v->s.substr(dot + 7));
+    if (f) return *f;
   }
   if (v != nullptr && v->is(Kind::kStr)) {
-    if (v->s == "E4M3") return Fp8Format::kE4M3;
-    if (v->s == "E5M2") return Fp8Format::kE5M2;
-    if (v->s == "HYBRID") return Fp8Format::kHybrid;
+    if (auto f = format::Fp8FormatNamed(v->s)) return *f;
   }
-  if (v != nullptr && v->is(Kind::kObject) && v->ShortClass() == "Format" && v->items.size() == 1) {
-    const Value* h = v->items[0];
-    if ((h->is(Kind::kObject) || h->is(Kind::kTuple)) && h->items.size() >= 2) {
-      auto fwd = Number(h->items[0]), bwd = Number(h->items[1]);
+  if (v != nullptr && v->is(Kind::kObject) && v->ShortClass() == "Format" &&
+      v->Elements().size() == 1) {
+    const Value* h = v->Elements()[0];
+    if ((h->is(Kind::kObject) || h->is(Kind::kTuple)) && h->Elements().size() >= 2) {
+      auto fwd = Number(h->Elements()[0]), bwd = Number(h->Elements()[1]);
       if (fwd && bwd) {
         if (*fwd == 448 && *bwd == 448) return Fp8Format::kE4M3;
         if (*fwd == 57344 && *bwd == 57344) return Fp8Format::kE5M2;
@@ -55,6 +55,42 @@ Result<Fp8Format> ReadFormat(const Value* v, const std::string& where) {
                ": recipe fp8_format is not E4M3, E5M2 or HYBRID");
 }
 
+// One field of a pickled recipe into `f`; a field TransformerEngine did not pickle keeps its
+// default.
+Status ReadRecipeField(const Value* v, const format::RecipeField& f, const std::string& where) {
+  using FieldKind = format::RecipeField::Kind;
+  switch (f.kind) {
+    case FieldKind::kInt32:
+      if (!v->is(Kind::kInt) || v->i < INT32_MIN || v->i > INT32_MAX) {
+        return Error(StatusCode::kDataLoss, where, ": recipe field ", f.name, " is not an int32");
+      }
+      *static_cast<int32_t*>(f.value) = static_cast<int32_t>(v->i);
+      return Status::Ok();
+    case FieldKind::kBool:
+      if (!v->is(Kind::kBool)) {
+        return Error(StatusCode::kDataLoss, where, ": recipe field ", f.name, " is not a bool");
+      }
+      *static_cast<bool*>(f.value) = v->b;
+      return Status::Ok();
+    case FieldKind::kFp8Format: {
+      FERRY_ASSIGN_OR_RETURN(*static_cast<Fp8Format*>(f.value), ReadFormat(v, where));
+      return Status::Ok();
+    }
+    case FieldKind::kAmaxComputeAlgo: {
+      auto algo = v->is_str() ? format::AmaxComputeAlgoNamed(v->s) : std::nullopt;
+      if (!algo) {
+        return Error(StatusCode::kUnimplemented, where,
+                     ": amax_compute_algo is neither 'max' nor 'most_recent'");
+      }
+      *static_cast<AmaxComputeAlgo*>(f.value) = *algo;
+      return Status::Ok();
+    }
+    case FieldKind::kString:
+      break;
+  }
+  return Error(StatusCode::kDataLoss, where, ": recipe field ", f.name, " is not a string");
+}
+
 Result<Recipe> ReadRecipe(const Value* r, const std::string& where) {
   if (r == nullptr || r->is(Kind::kNone)) return Recipe{};
   if (!r->is(Kind::kObject) || !r->s.starts_with("transformer_engine.common.recipe.")) {
@@ -62,83 +98,19 @@ Result<Recipe> ReadRecipe(const Value* r, const std::string& where) {
                  ", not a TransformerEngine recipe");
   }
   const std::string kind = r->ShortClass();
-  auto get_int = [&](const char* f, int32_t* out) -> Status {
-    const Value* v = Field(r, f);
-    if (v == nullptr) return Status::Ok();
-    if (!v->is(Kind::kInt) || v->i < INT32_MIN || v->i > INT32_MAX) {
-      return Error(StatusCode::kDataLoss, where, ": recipe field ", f, " is not an int32");
-    }
-    *out = static_cast<int32_t>(v->i);
-    return Status::Ok();
-  };
-  auto get_bool = [&](const char* f, bool* out) -> Status {
-    const Value* v = Field(r, f);
-    if (v == nullptr) return Status::Ok();
-    if (!v->is(Kind::kBool)) {
-      return Error(StatusCode::kDataLoss, where, ": recipe field ", f, " is not a bool");
-    }
-    *out = v->b;
-    return Status::Ok();
-  };
-  auto get_fmt = [&](Fp8Format* out) -> Status {
-    const Value* v = Field(r, "fp8_format");
-    if (v == nullptr) return Status::Ok();
-    FERRY_ASSIGN_OR_RETURN(*out, ReadFormat(v, where));
-    return Status::Ok();
-  };
-  if (kind == "DelayedScaling") {
-    DelayedScaling d;
-    FERRY_RETURN_IF_ERROR(get_int("margin", &d.margin));
-    FERRY_RETURN_IF_ERROR(get_fmt(&d.fp8_format));
-    FERRY_RETURN_IF_ERROR(get_int("amax_history_len", &d.amax_history_len));
-    if (const Value* a = Field(r, "amax_compute_algo")) {
-      if (a->is_str() && a->s == "max") {
-        d.amax_compute_algo = AmaxComputeAlgo::kMax;
-      } else if (a->is_str() && a->s == "most_recent") {
-        d.amax_compute_algo = AmaxComputeAlgo::kMostRecent;
-      } else {
-        return Error(StatusCode::kUnimplemented, where,
-                     ": amax_compute_algo is neither 'max' nor 'most_recent'");
-      }
-    }
-    FERRY_RETURN_IF_ERROR(get_bool("reduce_amax", &d.reduce_amax));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_dpa", &d.fp8_dpa));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_mha", &d.fp8_mha));
-    return Recipe{d};
-  }
-  if (kind == "Float8CurrentScaling") {
-    Float8CurrentScaling c;
-    FERRY_RETURN_IF_ERROR(get_fmt(&c.fp8_format));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_dpa", &c.fp8_dpa));
-    FERRY_RETURN_IF_ERROR(get_bool("fp8_mha", &c.fp8_mha));
-    return Recipe{c};
-  }
-  if (kind == "MXFP8BlockScaling") {
-    MXFP8BlockScaling m;
-    FERRY_RETURN_IF_ERROR(get_fmt(&m.fp8_format));
-    return Recipe{m};
-  }
-  if (kind == "Float8BlockScaling") {
-    Float8BlockScaling b;
-    FERRY_RETURN_IF_ERROR(get_fmt(&b.fp8_format));
-    FERRY_RETURN_IF_ERROR(get_int("x_block_scaling_dim", &b.x_block_scaling_dim));
-    FERRY_RETURN_IF_ERROR(get_int("w_block_scaling_dim", &b.w_block_scaling_dim));
-    FERRY_RETURN_IF_ERROR(get_int("grad_block_scaling_dim", &b.grad_block_scaling_dim));
-    return Recipe{b};
-  }
-  if (kind == "NVFP4BlockScaling") {
-    NVFP4BlockScaling n;
-    FERRY_RETURN_IF_ERROR(get_bool("disable_rht", &n.disable_rht));
-    FERRY_RETURN_IF_ERROR(get_bool("disable_stochastic_rounding", &n.disable_stochastic_rounding));
-    FERRY_RETURN_IF_ERROR(get_bool("disable_2d_quantization", &n.disable_2d_quantization));
-    return Recipe{n};
-  }
+  // TransformerEngine's qfactory is a callable, never kept: a custom recipe is known by name.
   if (kind == "CustomRecipe") return Recipe{CustomRecipe{"CustomRecipe", ""}};
-  return Error(StatusCode::kUnimplemented, where, ": unknown recipe ", r->s);
+  std::optional<Recipe> recipe = kind == "none" ? std::nullopt : format::RecipeNamed(kind);
+  if (!recipe) return Error(StatusCode::kUnimplemented, where, ": unknown recipe ", r->s);
+  for (const format::RecipeField& f : format::RecipeFields(*recipe)) {
+    if (const Value* v = Field(r, f.name)) FERRY_RETURN_IF_ERROR(ReadRecipeField(v, f, where));
+  }
+  return *recipe;
 }
 
 // The float32 values of a tensor of the extra state.
-Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const std::string& what) {
+Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const std::string& what,
+                                  WalkBudget* budget) {
   if (v == nullptr || !v->is(Kind::kTensor)) {
     return Error(StatusCode::kDataLoss, what, " is not a tensor");
   }
@@ -146,6 +118,7 @@ Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const 
   if (t.dtype.name != "float32") {
     return Error(StatusCode::kUnimplemented, what, " is torch.", t.dtype.name, ", not float32");
   }
+  if (!budget->Take(TensorBytes(t))) return budget->Exhausted(what);
   std::vector<float> out(TensorBytes(t) / 4);
   FERRY_RETURN_IF_ERROR(
       CopyTensorBytes(t, 0, reinterpret_cast<uint8_t*>(out.data()), out.size() * 4, mapping, what));
@@ -153,12 +126,15 @@ Result<std::vector<float>> Floats(const Value* v, const Mapping* mapping, const 
 }
 
 Result<DirectionState> ReadDirection(const Value* dict, bool forward, int32_t num_gemms,
-                                     const Mapping* mapping, const std::string& where) {
+                                     const Mapping* mapping, const std::string& where,
+                                     WalkBudget* budget) {
   const char* sfx = forward ? "fwd" : "bwd";
   const Value* scale_v = dict->Get(StrCat("scale_", sfx));
   const Value* hist_v = dict->Get(StrCat("amax_history_", sfx));
-  FERRY_ASSIGN_OR_RETURN(auto scale, Floats(scale_v, mapping, StrCat(where, ": scale_", sfx)));
-  FERRY_ASSIGN_OR_RETURN(auto hist, Floats(hist_v, mapping, StrCat(where, ": amax_history_", sfx)));
+  FERRY_ASSIGN_OR_RETURN(auto scale,
+                         Floats(scale_v, mapping, StrCat(where, ": scale_", sfx), budget));
+  FERRY_ASSIGN_OR_RETURN(auto hist,
+                         Floats(hist_v, mapping, StrCat(where, ": amax_history_", sfx), budget));
   const TensorRef& h = *hist_v->tensor;
   const size_t s = scale.size();
   const int per = forward ? 3 : 2;
@@ -187,9 +163,18 @@ Result<DirectionState> ReadDirection(const Value* dict, bool forward, int32_t nu
   return d;
 }
 
-// Plain values of extra_fp8_variables as JSON; nullopt for anything else.
-std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
+// Plain values of extra_fp8_variables as JSON; nullopt for anything else, and when `budget`
+// runs out (then *exhausted is set): a list holding the same list twice, nested, is
+// exponentially many nodes.
+std::optional<nlohmann::json> PlainJson(const Value* v, int depth, WalkBudget* budget,
+                                        bool* exhausted) {
   if (depth > 8) return std::nullopt;
+  // A node costs about what it occupies: the json value, its slot in the parent and, for a
+  // list, the vector behind it (64 bytes).
+  if (!budget->Take(64 + (v->is_str() ? v->s.size() : 0))) {
+    *exhausted = true;
+    return std::nullopt;
+  }
   switch (v->kind) {
     case Kind::kNone:
       return nlohmann::json(nullptr);
@@ -206,7 +191,7 @@ std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
     case Kind::kList: {
       nlohmann::json a = nlohmann::json::array();
       for (const Value* x : v->items) {
-        auto j = PlainJson(x, depth + 1);
+        auto j = PlainJson(x, depth + 1, budget, exhausted);
         if (!j) return std::nullopt;
         a.push_back(*j);
       }
@@ -221,7 +206,8 @@ std::optional<nlohmann::json> PlainJson(const Value* v, int depth) {
 
 Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::string& module,
                                       const Mapping* mapping, const std::string& where,
-                                      std::vector<std::pair<std::string, std::string>>* metadata) {
+                                      std::vector<std::pair<std::string, std::string>>* metadata,
+                                      WalkBudget* budget) {
   ScalingState out;
   out.module = module;
   // Unwrap the container forms down to the dict (or None).
@@ -233,6 +219,7 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
     }
     uint64_t n = TensorBytes(t);
     if (n == 0) return out;  // a module with no FP8 state
+    if (!budget->Take(n)) return budget->Exhausted(where);
     Value* bytes = heap->New(Kind::kBytes);
     bytes->s.resize(n);
     FERRY_RETURN_IF_ERROR(
@@ -250,6 +237,7 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
       return Error(StatusCode::kDataLoss, where, ": io.BytesIO extra state without its bytes");
     }
     const std::string& b = st->items[0]->s;
+    if (!budget->Take(b.size())) return budget->Exhausted(where);
     FERRY_ASSIGN_OR_RETURN(v, LoadTorchZip(heap, reinterpret_cast<const uint8_t*>(b.data()),
                                            b.size(), StrCat(where, " (io.BytesIO extra state)")));
     mapping = nullptr;
@@ -280,20 +268,25 @@ Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::str
       num_gemms = static_cast<int32_t>(n->i);
     }
     nlohmann::json j = nlohmann::json::object();
+    bool exhausted = false;
     for (const auto& [k, x] : extra->dict) {
       if (!k->is_str()) continue;
-      if (auto pj = PlainJson(x, 0)) j[k->s] = *pj;
+      if (!budget->Take(k->s.size())) return budget->Exhausted(where);
+      if (auto pj = PlainJson(x, 0, budget, &exhausted)) j[k->s] = *pj;
+      if (exhausted) return budget->Exhausted(where);
     }
-    if (!j.empty())
-      metadata->emplace_back(kExtraVariablesKeyPrefix + module,
-                             j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!j.empty()) {
+      std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      if (!budget->Take(text.size())) return budget->Exhausted(where);
+      metadata->emplace_back(kExtraVariablesKeyPrefix + module, std::move(text));
+    }
   }
   if (v->Get("scale_fwd") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, true, num_gemms, mapping, where));
+    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, true, num_gemms, mapping, where, budget));
     out.states.push_back(std::move(d));
   }
   if (v->Get("scale_bwd") != nullptr) {
-    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, false, num_gemms, mapping, where));
+    FERRY_ASSIGN_OR_RETURN(auto d, ReadDirection(v, false, num_gemms, mapping, where, budget));
     out.states.push_back(std::move(d));
   }
   return out;

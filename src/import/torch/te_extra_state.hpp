@@ -20,18 +20,24 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "io/io.hpp"
 #include "import/torch/unpickle.hpp"
+#include "io/io.hpp"
 
 namespace ferry::torch_import {
 
 inline constexpr char kExtraVariablesKeyPrefix[] = "transformer_engine.extra_fp8_variables.";
 
+class WalkBudget;  // torch_checkpoint.hpp
+
 // Decodes the extra state `v` of `module`. `mapping` is the file its tensors lie in (may be
-// null). Appends to `metadata` the module's extra_fp8_variables, when it has any.
+// null). Appends to `metadata` the module's extra_fp8_variables, when it has any. What it
+// decodes and builds (pickled bytes, scale and history tables, the variables' JSON) is taken
+// from `budget` before it is allocated, so an extra state shared by many modules, or tables
+// that are broadcast views of a few bytes, cost what they produce.
 Result<ScalingState> DecodeExtraState(Heap* heap, const Value* v, const std::string& module,
                                       const Mapping* mapping, const std::string& where,
-                                      std::vector<std::pair<std::string, std::string>>* metadata);
+                                      std::vector<std::pair<std::string, std::string>>* metadata,
+                                      WalkBudget* budget);
 
 }  // namespace ferry::torch_import
 

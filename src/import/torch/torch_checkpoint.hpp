@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "io/io.hpp"
 #include "import/torch/unpickle.hpp"
+#include "io/io.hpp"
 
 namespace ferry::torch_import {
 
@@ -26,8 +26,33 @@ namespace ferry::torch_import {
 // storage lies in, so a file truncated under the reader gives DataLoss instead of SIGBUS.
 Status CopyTensorBytes(const TensorRef& t, uint64_t offset, uint8_t* dst, uint64_t size,
                        const Mapping* guard, const std::string& where);
-// Dense size in bytes of a tensor (numel * itemsize).
+// Dense size in bytes of a tensor (numel * itemsize). The interpreter checked, when it
+// rebuilt the tensor, that this fits in an int64.
 uint64_t TensorBytes(const TensorRef& t);
+
+// What reading a checkpoint's values may produce, in bytes: tensor names, metadata text,
+// skipped-entry notes, TransformerEngine scaling tables and the pickles decoded for them.
+// Counted against the input (kWalkBytesPerInputByte per byte of the files read, plus
+// kWalkSlackBytes), so that values reached through many shared references (the same list
+// twice in a list, nested k deep, is 2^k paths over k values) cost what the paths produce and
+// stop at a bound proportional to the file, instead of hanging on a few hundred bytes. The
+// factor leaves room for what real checkpoints legitimately produce from few bytes: long
+// dotted names built from short memoized keys, numbers printed as text.
+inline constexpr uint64_t kWalkBytesPerInputByte = 16;
+inline constexpr uint64_t kWalkSlackBytes = uint64_t{32} << 20;
+class WalkBudget {
+ public:
+  // More input read: `bytes` of files.
+  void Grant(uint64_t bytes);
+  // Counts `bytes` more; false (and nothing counted) when that would pass the bound.
+  bool Take(uint64_t bytes);
+  // The error for a Take that failed, naming `where`.
+  Status Exhausted(const std::string& where) const;
+  uint64_t spent() const { return spent_; }
+
+ private:
+  uint64_t granted_ = kWalkSlackBytes, spent_ = 0, input_ = 0;
+};
 // True when the elements lie contiguously, row-major, in the storage.
 bool IsContiguous(const TensorRef& t);
 
@@ -90,8 +115,21 @@ class TorchCheckpoint {
   Status AddDcp(const std::string& dir);
   Status Walk(const Value* v, const std::string& name, int depth, const Mapping* mapping,
               const std::string& file);
+  Status WalkItems(const Value* v, const std::string& name, int depth, const Mapping* mapping,
+                   const std::string& file);
   Status AddTensor(const std::string& name, const Value* v, const Mapping* mapping,
                    const std::string& file);
+  Status AddMetadata(const std::string& name, std::string text, const std::string& file);
+  Status AddSkipped(std::string note);
+  Status AddShards(const std::string& index_path);
+  Status CheckUnique() const;
+  struct Dcp;
+  struct DcpItem;
+  Status AddDcpTensor(Dcp& dcp, const std::string& fqn, const Value* md);
+  Status AddDcpChunks(Dcp& dcp, const std::string& fqn, const Value* chunks,
+                      const std::vector<int64_t>& global);
+  Result<DcpItem> LoadDcpItem(Dcp& dcp, const std::string& fqn, size_t chunk, const Value* info);
+  Result<std::shared_ptr<Mapping>> Map(const std::string& file);
 
   std::string path_, kind_;
   std::vector<std::shared_ptr<Mapping>> mappings_;
@@ -100,6 +138,7 @@ class TorchCheckpoint {
   std::vector<ScalingState> scaling_;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<std::string> skipped_;
+  WalkBudget budget_;
 };
 
 }  // namespace ferry::torch_import

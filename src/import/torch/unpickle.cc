@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "base/util.hpp"
+#include "format/recipe.hpp"
 
 namespace ferry::torch_import {
 
@@ -66,14 +67,9 @@ TorchDType FromRow(const DTypeRow& r) {
   return t;
 }
 
-// Record-only classes: never instantiated, their arguments and state kept as values.
+// Record-only classes: never instantiated, their arguments and state kept as values. The
+// recipe classes (format::RecipeNamed) are records too.
 const char* const kRecordClasses[] = {
-    "transformer_engine.common.recipe.DelayedScaling",
-    "transformer_engine.common.recipe.Float8CurrentScaling",
-    "transformer_engine.common.recipe.MXFP8BlockScaling",
-    "transformer_engine.common.recipe.Float8BlockScaling",
-    "transformer_engine.common.recipe.NVFP4BlockScaling",
-    "transformer_engine.common.recipe.CustomRecipe",
     "transformer_engine.common.recipe.Format",
     "transformer_engine.common.recipe._FormatHelper",
     "transformer_engine.common.recipe._FormatHelperFP4",
@@ -139,10 +135,12 @@ std::optional<Global> Resolve(std::string_view module, std::string_view name) {
   for (const char* c : kConstants) {
     if (full == c) return Global::kConstant;
   }
+  if (module == "transformer_engine.common.recipe" && name != "none" && format::RecipeNamed(name)) {
+    return Global::kRecord;
+  }
   // Enum members pickled by qualified name (Format.E4M3) when their value does not pickle.
-  if (module == "transformer_engine.common.recipe" &&
-      (name == "Format.E4M3" || name == "Format.E5M2" || name == "Format.HYBRID" ||
-       name == "Format.E2M1")) {
+  if (module == "transformer_engine.common.recipe" && name.starts_with("Format.") &&
+      (format::Fp8FormatNamed(name.substr(7)) || name == "Format.E2M1")) {
     return Global::kRecord;
   }
   if (module == "torch" && TorchDTypeByName(name)) return Global::kDtype;
@@ -214,6 +212,18 @@ class Machine {
     memo_[idx] = v;
     return Status::Ok();
   }
+  // Counts `n` container items about to be copied against the pickle's size.
+  Status Charge(uint64_t n) {
+    copied_ += n;
+    heap_->copied += n;
+    if (copied_ > kPickleCopiesPerByte * size_ + kPickleCopySlack) {
+      return Error(StatusCode::kResourceExhausted, opt_.where, ": the pickle copies more than ",
+                   kPickleCopiesPerByte, " container items per byte of its ", size_,
+                   " bytes (the same container rebuilt over and over) at byte ",
+                   opt_.offset_base + op_pos_);
+    }
+    return Status::Ok();
+  }
   Status PushString(Kind k, uint64_t n) {
     FERRY_RETURN_IF_ERROR(Need(n));
     FERRY_ASSIGN_OR_RETURN(Value * v, New(k));
@@ -221,7 +231,23 @@ class Machine {
     pos_ += n;
     return Push(v);
   }
+  // One step per opcode family (Step dispatches); each reads its operands after the opcode.
+  Status Step(uint8_t op);
+  Result<Value*> Stop(uint64_t* consumed);
+  Status Framing(uint8_t op);
+  Status StackOp(uint8_t op);
+  Status Scalar(uint8_t op);
+  Status String(uint8_t op);
+  Status Container(uint8_t op);
+  Status Fill(uint8_t op);
+  Status MemoOp(uint8_t op);
+  Status GlobalOp(uint8_t op);
+  Status ObjectOp(uint8_t op);
+  Status Refuse(uint8_t op);
   Status Reduce(Value* callable, Value* args);
+  Result<Value*> ReduceContainer(Global g, const std::vector<Value*>& args);
+  Result<Value*> ReduceBytes(Global g, const std::vector<Value*>& args);
+  Status NewObj(Value* cls, Value* args, Value* kwargs);
   Status Build(Value* obj, Value* state);
   Result<Value*> RebuildTensor(Global g, const std::vector<Value*>& args);
 
@@ -233,6 +259,10 @@ class Machine {
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value*> memo_;
+  uint64_t copied_ = 0;
+  // _codecs.encode and _load_from_bytes results by their argument value: a memoized argument
+  // converted again (a few bytes of pickle each time) gives the value converted the first time.
+  std::unordered_map<const Value*, Value*> converted_;
 };
 
 Result<int64_t> AsInt(const Value* v, const char* what, const std::string& where) {
@@ -241,9 +271,15 @@ Result<int64_t> AsInt(const Value* v, const char* what, const std::string& where
   return Error(StatusCode::kDataLoss, where, ": ", what, " is not an integer");
 }
 
-Result<std::vector<int64_t>> AsInts(const Value* v, const char* what, const std::string& where) {
+// A tensor's size or stride: at most kMaxTensorDims integers, counted before anything is
+// copied (the tuple may be shared by every tensor of the pickle).
+Result<std::vector<int64_t>> AsDims(const Value* v, const char* what, const std::string& where) {
   if (!v->is(Kind::kTuple) && !v->is(Kind::kList)) {
     return Error(StatusCode::kDataLoss, where, ": ", what, " is not a tuple of integers");
+  }
+  if (v->items.size() > kMaxTensorDims) {
+    return Error(StatusCode::kDataLoss, where, ": ", what, " has ", v->items.size(),
+                 " dimensions (limit ", kMaxTensorDims, ")");
   }
   std::vector<int64_t> out;
   for (const Value* x : v->items) {
@@ -251,6 +287,60 @@ Result<std::vector<int64_t>> AsInts(const Value* v, const char* what, const std:
     out.push_back(i);
   }
   return out;
+}
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  std::string out = "[";
+  for (size_t d = 0; d < dims.size(); ++d) out += StrCat(d ? ", " : "", dims[d]);
+  return out + "]";
+}
+
+// Checks that the last element any index can reach lies inside the storage. Every product
+// and sum is checked before it is used: a view whose counts overflow 64 bits (or exceed
+// INT64_MAX, as element and byte counts are signed downstream) is refused here, so the
+// element and byte counts computed from it later (TensorBytes) cannot wrap around.
+Status CheckView(TensorRef* t, const std::string& where) {
+  if (t->shape.size() != t->stride.size()) {
+    return Error(StatusCode::kDataLoss, where, ": size has ", t->shape.size(),
+                 " dimensions and stride ", t->stride.size());
+  }
+  if (t->storage_offset < 0) {
+    return Error(StatusCode::kDataLoss, where, ": negative storage offset ", t->storage_offset);
+  }
+  uint64_t numel = 1, last = static_cast<uint64_t>(t->storage_offset);
+  bool reach_overflows = false;
+  for (size_t d = 0; d < t->shape.size(); ++d) {
+    if (t->shape[d] < 0 || t->stride[d] < 0) {
+      return Error(StatusCode::kDataLoss, where, ": negative size or stride in dimension ", d,
+                   " (size ", DimsText(t->shape), ", stride ", DimsText(t->stride), ")");
+    }
+    if (MulOverflows(numel, static_cast<uint64_t>(t->shape[d]), &numel)) {
+      return Error(StatusCode::kDataLoss, where, ": size ", DimsText(t->shape),
+                   " has more elements than 64 bits count");
+    }
+    uint64_t step;
+    if (t->shape[d] > 0) {
+      reach_overflows |= MulOverflows(static_cast<uint64_t>(t->shape[d] - 1),
+                                      static_cast<uint64_t>(t->stride[d]), &step) ||
+                         AddOverflows(last, step, &last);
+    }
+  }
+  const auto itemsize = static_cast<uint64_t>(t->dtype.itemsize);
+  uint64_t nbytes, end = 0;
+  if (MulOverflows(numel, itemsize, &nbytes) || nbytes > uint64_t{INT64_MAX}) {
+    return Error(StatusCode::kDataLoss, where, ": size ", DimsText(t->shape), " of ", t->dtype.name,
+                 " is more than 2^63 bytes");
+  }
+  reach_overflows |= AddOverflows(last, 1, &last) || MulOverflows(last, itemsize, &end);
+  if (reach_overflows) {
+    return Error(StatusCode::kDataLoss, where, ": storage offset ", t->storage_offset, ", size ",
+                 DimsText(t->shape), " and stride ", DimsText(t->stride), " reach past 64 bits");
+  }
+  if (numel > 0 && end > t->storage->nbytes) {
+    return Error(StatusCode::kDataLoss, where, ": reaches byte ", end, " of storage ",
+                 Quote(t->storage->key), ", which holds ", t->storage->nbytes);
+  }
+  return Status::Ok();
 }
 
 Result<Value*> Machine::RebuildTensor(Global g, const std::vector<Value*>& a) {
@@ -273,40 +363,9 @@ Result<Value*> Machine::RebuildTensor(Global g, const std::vector<Value*>& a) {
     t->dtype = *TorchDTypeByName(a[6]->s.substr(a[6]->s.rfind('.') + 1));
   }
   FERRY_ASSIGN_OR_RETURN(t->storage_offset, AsInt(a[1], "storage offset", where));
-  FERRY_ASSIGN_OR_RETURN(t->shape, AsInts(a[2], "size", where));
-  FERRY_ASSIGN_OR_RETURN(t->stride, AsInts(a[3], "stride", where));
-  if (t->shape.size() != t->stride.size()) {
-    return Error(StatusCode::kDataLoss, where, ": size has ", t->shape.size(),
-                 " dimensions and stride ", t->stride.size());
-  }
-  if (t->shape.size() > 64) {
-    return Error(StatusCode::kDataLoss, where, ": ", t->shape.size(), " dimensions");
-  }
-  if (t->storage_offset < 0) {
-    return Error(StatusCode::kDataLoss, where, ": negative storage offset ", t->storage_offset);
-  }
-  // The last element any index can reach must lie inside the storage.
-  uint64_t numel = 1, last = static_cast<uint64_t>(t->storage_offset);
-  bool overflow = false;
-  for (size_t d = 0; d < t->shape.size(); ++d) {
-    if (t->shape[d] < 0 || t->stride[d] < 0) {
-      return Error(StatusCode::kDataLoss, where, ": negative size or stride in dimension ", d);
-    }
-    uint64_t step;
-    overflow |= MulOverflows(numel, static_cast<uint64_t>(t->shape[d]), &numel);
-    if (t->shape[d] > 0) {
-      overflow |= MulOverflows(static_cast<uint64_t>(t->shape[d] - 1),
-                               static_cast<uint64_t>(t->stride[d]), &step);
-      overflow |= AddOverflows(last, step, &last);
-    }
-  }
-  uint64_t end = 0;
-  overflow |= MulOverflows(last + 1, static_cast<uint64_t>(t->dtype.itemsize), &end);
-  if (overflow) return Error(StatusCode::kDataLoss, where, ": size or stride overflows");
-  if (numel > 0 && end > t->storage->nbytes) {
-    return Error(StatusCode::kDataLoss, where, ": reaches byte ", end, " of storage ",
-                 Quote(t->storage->key), ", which holds ", t->storage->nbytes);
-  }
+  FERRY_ASSIGN_OR_RETURN(t->shape, AsDims(a[2], "size", where));
+  FERRY_ASSIGN_OR_RETURN(t->stride, AsDims(a[3], "stride", where));
+  FERRY_RETURN_IF_ERROR(CheckView(t, where));
   FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kTensor));
   v->tensor = t;
   return v;
@@ -319,28 +378,13 @@ Status Machine::Reduce(Value* callable, Value* args) {
   }
   if (!args->is(Kind::kTuple)) return Fail("REDUCE arguments are not a tuple");
   const std::vector<Value*>& a = args->items;
-  Value* out = nullptr;
+  Result<Value*> out = nullptr;
   switch (callable->global) {
-    case Global::kOrderedDict: {
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kDict));
-      if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
-        for (Value* pair : a[0]->items) {
-          if (!pair->is(Kind::kTuple) || pair->items.size() != 2) {
-            return Fail("OrderedDict item is not a pair");
-          }
-          out->dict.emplace_back(pair->items[0], pair->items[1]);
-        }
-      } else if (!a.empty()) {
-        return Fail("OrderedDict with unexpected arguments");
-      }
-      break;
-    }
     case Global::kRebuildTensor:
     case Global::kRebuildTensorV2:
-    case Global::kRebuildTensorV3: {
-      FERRY_ASSIGN_OR_RETURN(out, RebuildTensor(callable->global, a));
+    case Global::kRebuildTensorV3:
+      out = RebuildTensor(callable->global, a);
       break;
-    }
     case Global::kRebuildParameter:
     case Global::kRebuildParameterWithState:
       if (a.size() < 3 || !a[0]->is(Kind::kTensor)) {
@@ -363,79 +407,114 @@ Status Machine::Reduce(Value* callable, Value* args) {
       }
       return Reduce(a[0], a[2]);
     }
-    case Global::kTorchSize: {
-      if (a.size() != 1 || (!a[0]->is(Kind::kTuple) && !a[0]->is(Kind::kList))) {
-        return Fail("torch.Size without a tuple");
-      }
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kTuple));
-      out->items = a[0]->items;
-      break;
-    }
-    case Global::kCodecsEncode: {
-      // Protocol 2 pickles bytes as _codecs.encode(<latin-1 text as str>, "latin1").
-      if (a.size() != 2 || !a[0]->is_str() || !a[1]->is_str() ||
-          (a[1]->s != "latin1" && a[1]->s != "latin-1")) {
-        return Fail("_codecs.encode other than (str, 'latin1')");
-      }
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kBytes));
-      const std::string& in = a[0]->s;
-      for (size_t k = 0; k < in.size(); ++k) {
-        unsigned char c = static_cast<unsigned char>(in[k]);
-        if (c < 0x80) {
-          out->s += static_cast<char>(c);
-        } else if ((c == 0xC2 || c == 0xC3) && k + 1 < in.size()) {
-          out->s += static_cast<char>(((c & 0x1F) << 6) | (in[++k] & 0x3F));
-        } else {
-          return Fail("_codecs.encode of text outside latin-1");
-        }
-      }
-      break;
-    }
-    case Global::kBytearray: {
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kBytes));
-      if (a.size() == 1 && a[0]->is(Kind::kBytes)) {
-        out->s = a[0]->s;
-      } else if (!a.empty()) {
-        return Fail("bytearray of something other than bytes");
-      }
-      break;
-    }
+    case Global::kOrderedDict:
+    case Global::kTorchSize:
     case Global::kSet:
-    case Global::kFrozenset: {
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kSet));
-      if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
-        out->items = a[0]->items;
-      } else if (!a.empty()) {
-        return Fail("set of something other than a list");
-      }
+    case Global::kFrozenset:
+      out = ReduceContainer(callable->global, a);
       break;
-    }
-    case Global::kLoadFromBytes: {
-      if (a.size() != 1 || !a[0]->is(Kind::kBytes)) {
-        return Fail("torch.storage._load_from_bytes without bytes");
-      }
-      const std::string& b = a[0]->s;
-      FERRY_ASSIGN_OR_RETURN(
-          Storage * st,
-          ParseLegacyStorage(
-              heap_, reinterpret_cast<const uint8_t*>(b.data()), b.size(),
-              StrCat(opt_.where, ": storage pickled at byte ", opt_.offset_base + op_pos_)));
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kStorage));
-      out->storage = st;
+    case Global::kCodecsEncode:
+    case Global::kBytearray:
+    case Global::kLoadFromBytes:
+      out = ReduceBytes(callable->global, a);
       break;
-    }
     case Global::kRecord:
-    case Global::kBytesIO: {
-      FERRY_ASSIGN_OR_RETURN(out, New(Kind::kObject));
-      out->s = callable->s;
-      out->global = callable->global;
-      out->items = a;
+    case Global::kBytesIO:
+      out = New(Kind::kObject);
+      if (out.ok()) {
+        (*out)->s = callable->s;
+        (*out)->global = callable->global;
+        (*out)->args = args;
+      }
       break;
-    }
     default:
       return Fail("REDUCE of ", Quote(callable->s), ", which is not callable here");
   }
-  return Push(out);
+  if (!out.ok()) return out.status();
+  return Push(*out);
+}
+
+// OrderedDict(pairs), torch.Size(tuple), set(list), frozenset(list).
+Result<Value*> Machine::ReduceContainer(Global g, const std::vector<Value*>& a) {
+  if (g == Global::kOrderedDict) {
+    FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kDict));
+    if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
+      FERRY_RETURN_IF_ERROR(Charge(a[0]->items.size()));
+      for (Value* pair : a[0]->items) {
+        if (!pair->is(Kind::kTuple) || pair->items.size() != 2) {
+          return Fail("OrderedDict item is not a pair");
+        }
+        out->dict.emplace_back(pair->items[0], pair->items[1]);
+      }
+    } else if (!a.empty()) {
+      return Fail("OrderedDict with unexpected arguments");
+    }
+    return out;
+  }
+  if (g == Global::kTorchSize) {
+    if (a.size() != 1 || (!a[0]->is(Kind::kTuple) && !a[0]->is(Kind::kList))) {
+      return Fail("torch.Size without a tuple");
+    }
+    // A tuple never changes: the size is the tuple itself. A list may grow after the call.
+    if (a[0]->is(Kind::kTuple)) return a[0];
+    FERRY_RETURN_IF_ERROR(Charge(a[0]->items.size()));
+    FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kTuple));
+    out->items = a[0]->items;
+    return out;
+  }
+  FERRY_ASSIGN_OR_RETURN(Value * out, New(Kind::kSet));
+  if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
+    FERRY_RETURN_IF_ERROR(Charge(a[0]->items.size()));
+    out->items = a[0]->items;
+  } else if (!a.empty()) {
+    return Fail("set of something other than a list");
+  }
+  return out;
+}
+
+// _codecs.encode(str, "latin1"), bytearray(bytes), torch.storage._load_from_bytes(bytes).
+Result<Value*> Machine::ReduceBytes(Global g, const std::vector<Value*>& a) {
+  if (g == Global::kCodecsEncode) {
+    // Protocol 2 pickles bytes as _codecs.encode(<latin-1 text as str>, "latin1").
+    if (a.size() != 2 || !a[0]->is_str() || !a[1]->is_str() ||
+        (a[1]->s != "latin1" && a[1]->s != "latin-1")) {
+      return Fail("_codecs.encode other than (str, 'latin1')");
+    }
+    Value*& out = converted_[a[0]];
+    if (out != nullptr) return out;
+    FERRY_ASSIGN_OR_RETURN(out, New(Kind::kBytes));
+    const std::string& in = a[0]->s;
+    for (size_t k = 0; k < in.size(); ++k) {
+      unsigned char c = static_cast<unsigned char>(in[k]);
+      if (c < 0x80) {
+        out->s += static_cast<char>(c);
+      } else if ((c == 0xC2 || c == 0xC3) && k + 1 < in.size()) {
+        out->s += static_cast<char>(((c & 0x1F) << 6) | (in[++k] & 0x3F));
+      } else {
+        return Fail("_codecs.encode of text outside latin-1");
+      }
+    }
+    return out;
+  }
+  if (g == Global::kBytearray) {
+    // Nothing changes bytes once built: bytearray(b) is b.
+    if (a.size() == 1 && a[0]->is(Kind::kBytes)) return a[0];
+    if (!a.empty()) return Fail("bytearray of something other than bytes");
+    return New(Kind::kBytes);
+  }
+  if (a.size() != 1 || !a[0]->is(Kind::kBytes)) {
+    return Fail("torch.storage._load_from_bytes without bytes");
+  }
+  Value*& out = converted_[a[0]];
+  if (out != nullptr) return out;
+  const std::string& b = a[0]->s;
+  FERRY_ASSIGN_OR_RETURN(
+      Storage * st, ParseLegacyStorage(heap_, reinterpret_cast<const uint8_t*>(b.data()), b.size(),
+                                       StrCat(opt_.where, ": storage pickled at byte ",
+                                              opt_.offset_base + op_pos_)));
+  FERRY_ASSIGN_OR_RETURN(out, New(Kind::kStorage));
+  out->storage = st;
+  return out;
 }
 
 Status Machine::Build(Value* obj, Value* state) {
@@ -465,336 +544,417 @@ Result<Value*> Machine::Run(uint64_t* consumed) {
     op_pos_ = pos_;
     if (pos_ >= size_) return Fail("pickle ends without STOP");
     uint8_t op = data_[pos_++];
-    switch (op) {
-      case 0x80: {  // PROTO
-        FERRY_RETURN_IF_ERROR(Need(1));
-        uint8_t v = data_[pos_++];
-        if (v < 2 || v > 5) return Fail("pickle protocol ", int{v}, " (only 2 to 5 are read)");
-        break;
+    if (op == '.') return Stop(consumed);
+    FERRY_RETURN_IF_ERROR(Step(op));
+  }
+}
+
+Result<Value*> Machine::Stop(uint64_t* consumed) {
+  if (stack_.size() != 1 || !marks_.empty()) {
+    return Fail("STOP with ", stack_.size(), " values on the stack");
+  }
+  if (consumed) {
+    *consumed = pos_;
+  } else if (pos_ != size_) {
+    return Fail(size_ - pos_, " bytes after STOP");
+  }
+  return stack_.back();
+}
+
+// Each opcode family has its own step; the refused opcodes are named here.
+Status Machine::Step(uint8_t op) {
+  switch (op) {
+    case 0x80:  // PROTO
+    case 0x95:  // FRAME
+      return Framing(op);
+    case '(':  // MARK
+    case '0':  // POP
+    case '1':  // POP_MARK
+    case '2':  // DUP
+      return StackOp(op);
+    case 'N':
+    case 0x88:  // NEWTRUE
+    case 0x89:  // NEWFALSE
+    case 'J':   // BININT
+    case 'K':   // BININT1
+    case 'M':   // BININT2
+    case 0x8a:  // LONG1
+    case 0x8b:  // LONG4
+    case 'G':   // BINFLOAT
+      return Scalar(op);
+    case 'X':   // BINUNICODE
+    case 0x8c:  // SHORT_BINUNICODE
+    case 0x8d:  // BINUNICODE8
+    case 'T':   // BINSTRING
+    case 'U':   // SHORT_BINSTRING
+    case 'B':   // BINBYTES
+    case 'C':   // SHORT_BINBYTES
+    case 0x8e:  // BINBYTES8
+    case 0x96:  // BYTEARRAY8
+      return String(op);
+    case ')':   // EMPTY_TUPLE
+    case 0x85:  // TUPLE1
+    case 0x86:  // TUPLE2
+    case 0x87:  // TUPLE3
+    case 't':   // TUPLE
+    case 'l':   // LIST
+    case 0x91:  // FROZENSET
+    case ']':   // EMPTY_LIST
+    case '}':   // EMPTY_DICT
+    case 0x8f:  // EMPTY_SET
+    case 'd':   // DICT
+      return Container(op);
+    case 'a':   // APPEND
+    case 'e':   // APPENDS
+    case 0x90:  // ADDITEMS
+    case 's':   // SETITEM
+    case 'u':   // SETITEMS
+      return Fill(op);
+    case 'h':   // BINGET
+    case 'j':   // LONG_BINGET
+    case 'q':   // BINPUT
+    case 'r':   // LONG_BINPUT
+    case 0x94:  // MEMOIZE
+      return MemoOp(op);
+    case 'c':   // GLOBAL
+    case 0x93:  // STACK_GLOBAL
+      return GlobalOp(op);
+    case 'R':   // REDUCE
+    case 0x81:  // NEWOBJ
+    case 0x92:  // NEWOBJ_EX
+    case 'b':   // BUILD
+    case 'Q':   // BINPERSID
+      return ObjectOp(op);
+    default:
+      return Refuse(op);
+  }
+}
+
+Status Machine::Framing(uint8_t op) {
+  if (op == 0x80) {  // PROTO
+    FERRY_RETURN_IF_ERROR(Need(1));
+    uint8_t v = data_[pos_++];
+    if (v < 2 || v > 5) return Fail("pickle protocol ", int{v}, " (only 2 to 5 are read)");
+    return Status::Ok();
+  }
+  // FRAME: a length hint, nothing to do but check it
+  FERRY_RETURN_IF_ERROR(Need(8));
+  if (LoadLE(data_ + pos_, 8) > size_ - pos_ - 8) return Fail("FRAME past the end");
+  pos_ += 8;
+  return Status::Ok();
+}
+
+Status Machine::StackOp(uint8_t op) {
+  switch (op) {
+    case '(':  // MARK
+      if (marks_.size() >= kMaxPickleMarks) {
+        return Error(StatusCode::kResourceExhausted, opt_.where, ": MARKs nested deeper than ",
+                     kMaxPickleMarks, " at byte ", opt_.offset_base + op_pos_);
       }
-      case 0x95:  // FRAME: a length hint, nothing to do but check it
-        FERRY_RETURN_IF_ERROR(Need(8));
-        if (LoadLE(data_ + pos_, 8) > size_ - pos_ - 8) return Fail("FRAME past the end");
-        pos_ += 8;
-        break;
-      case '.': {  // STOP
-        if (stack_.size() != 1 || !marks_.empty()) {
-          return Fail("STOP with ", stack_.size(), " values on the stack");
-        }
-        if (consumed) {
-          *consumed = pos_;
-        } else if (pos_ != size_) {
-          return Fail(size_ - pos_, " bytes after STOP");
-        }
-        return stack_.back();
+      marks_.push_back(stack_.size());
+      return Status::Ok();
+    case '0':  // POP
+      if (stack_.size() > MarkFloor()) {
+        stack_.pop_back();
+      } else if (!marks_.empty() && stack_.size() == marks_.back()) {
+        marks_.pop_back();  // POP of a MARK, as CPython allows
+      } else {
+        return Fail("POP of an empty stack");
       }
-      case '(':  // MARK
-        if (marks_.size() >= kMaxPickleMarks) {
-          return Error(StatusCode::kResourceExhausted, opt_.where, ": MARKs nested deeper than ",
-                       kMaxPickleMarks, " at byte ", opt_.offset_base + op_pos_);
-        }
-        marks_.push_back(stack_.size());
-        break;
-      case '0': {  // POP
-        if (stack_.size() > MarkFloor()) {
-          stack_.pop_back();
-        } else if (!marks_.empty() && stack_.size() == marks_.back()) {
-          marks_.pop_back();  // POP of a MARK, as CPython allows
-        } else {
-          return Fail("POP of an empty stack");
-        }
-        break;
-      }
-      case '1': {  // POP_MARK
-        FERRY_ASSIGN_OR_RETURN(auto dropped, PopMark());
-        (void)dropped;
-        break;
-      }
-      case '2': {  // DUP
-        if (stack_.size() <= MarkFloor()) return Fail("DUP of an empty stack");
-        FERRY_RETURN_IF_ERROR(Push(stack_.back()));
-        break;
-      }
-      case 'N': {
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kNone));
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 0x88:
-      case 0x89: {  // NEWTRUE, NEWFALSE
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kBool));
-        v->b = op == 0x88;
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'J':
-      case 'K':
-      case 'M': {  // BININT (i32), BININT1 (u8), BININT2 (u16)
-        int n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
-        FERRY_RETURN_IF_ERROR(Need(n));
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kInt));
-        uint64_t raw = LoadLE(data_ + pos_, n);
-        v->i = op == 'J' ? int64_t{static_cast<int32_t>(raw)} : static_cast<int64_t>(raw);
-        pos_ += n;
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 0x8a:
-      case 0x8b: {  // LONG1, LONG4: little-endian two's complement of a given length
-        int lw = op == 0x8a ? 1 : 4;
-        FERRY_RETURN_IF_ERROR(Need(lw));
-        uint64_t n = LoadLE(data_ + pos_, lw);
-        if (op == 0x8b && (n >> 31) != 0) return Fail("negative LONG4 length");
-        pos_ += lw;
-        FERRY_RETURN_IF_ERROR(Need(n));
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(n <= 8 ? Kind::kInt : Kind::kBigInt));
-        if (n <= 8) {
-          uint64_t raw = n ? LoadLE(data_ + pos_, static_cast<int>(n)) : 0;
-          if (n > 0 && n < 8 && (data_[pos_ + n - 1] & 0x80)) raw |= ~uint64_t{0} << (8 * n);
-          v->i = static_cast<int64_t>(raw);
-        } else {
-          v->s.assign(reinterpret_cast<const char*>(data_ + pos_), n);
-        }
-        pos_ += n;
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'G': {  // BINFLOAT, big-endian
-        FERRY_RETURN_IF_ERROR(Need(8));
-        uint64_t raw = 0;
-        for (int k = 0; k < 8; ++k) raw = (raw << 8) | data_[pos_ + k];
-        pos_ += 8;
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kFloat));
-        std::memcpy(&v->f, &raw, 8);
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'X':
-      case 0x8c:
-      case 0x8d:
-      case 'T':
-      case 'U':
-      case 'B':
-      case 'C':
-      case 0x8e:
-      case 0x96: {
-        // BINUNICODE (u32), SHORT_BINUNICODE (u8), BINUNICODE8; BINSTRING (i32),
-        // SHORT_BINSTRING; BINBYTES (u32), SHORT_BINBYTES, BINBYTES8, BYTEARRAY8.
-        int lw = (op == 0x8c || op == 'U' || op == 'C')     ? 1
-                 : (op == 0x8d || op == 0x8e || op == 0x96) ? 8
-                                                            : 4;
-        FERRY_RETURN_IF_ERROR(Need(lw));
-        uint64_t n = LoadLE(data_ + pos_, lw);
-        if (op == 'T' && (n >> 31) != 0) return Fail("negative BINSTRING length");
-        pos_ += lw;
-        bool text = op == 'X' || op == 0x8c || op == 0x8d || op == 'T' || op == 'U';
-        FERRY_RETURN_IF_ERROR(PushString(text ? Kind::kStr : Kind::kBytes, n));
-        break;
-      }
-      case ')': {
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kTuple));
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 0x85:
-      case 0x86:
-      case 0x87: {  // TUPLE1..3
-        size_t n = op - 0x84;
-        if (stack_.size() < MarkFloor() + n) return Fail("TUPLE", n, " of a short stack");
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kTuple));
-        v->items.assign(stack_.end() - n, stack_.end());
-        stack_.resize(stack_.size() - n);
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 't':
-      case 'l':
-      case 0x91: {  // TUPLE, LIST, FROZENSET
-        FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(op == 't'   ? Kind::kTuple
-                                              : op == 'l' ? Kind::kList
-                                                          : Kind::kSet));
-        v->items = std::move(items);
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case ']':
-      case '}':
-      case 0x8f: {  // EMPTY_LIST, EMPTY_DICT, EMPTY_SET
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(op == ']'   ? Kind::kList
-                                              : op == '}' ? Kind::kDict
-                                                          : Kind::kSet));
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'd': {  // DICT
-        FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
-        if (items.size() % 2) return Fail("DICT with an odd number of items");
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kDict));
-        for (size_t k = 0; k < items.size(); k += 2) v->dict.emplace_back(items[k], items[k + 1]);
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'a': {  // APPEND
-        FERRY_ASSIGN_OR_RETURN(Value * x, Pop());
-        if (stack_.size() <= MarkFloor() || !stack_.back()->is(Kind::kList)) {
-          return Fail("APPEND to something that is not a list");
-        }
-        stack_.back()->items.push_back(x);
-        break;
-      }
-      case 'e':
-      case 0x90: {  // APPENDS, ADDITEMS
-        FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
-        Kind want = op == 'e' ? Kind::kList : Kind::kSet;
-        if (stack_.size() <= MarkFloor() || !stack_.back()->is(want)) {
-          return Fail(op == 'e' ? "APPENDS to something that is not a list"
-                                : "ADDITEMS to something that is not a set");
-        }
-        auto& dst = stack_.back()->items;
-        dst.insert(dst.end(), items.begin(), items.end());
-        break;
-      }
-      case 's': {  // SETITEM
-        FERRY_ASSIGN_OR_RETURN(Value * val, Pop());
-        FERRY_ASSIGN_OR_RETURN(Value * key, Pop());
-        if (stack_.size() <= MarkFloor() || !stack_.back()->is(Kind::kDict)) {
-          return Fail("SETITEM on something that is not a dict");
-        }
-        stack_.back()->dict.emplace_back(key, val);
-        break;
-      }
-      case 'u': {  // SETITEMS
-        FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
-        if (items.size() % 2) return Fail("SETITEMS with an odd number of items");
-        if (stack_.size() <= MarkFloor() || !stack_.back()->is(Kind::kDict)) {
-          return Fail("SETITEMS on something that is not a dict");
-        }
-        for (size_t k = 0; k < items.size(); k += 2) {
-          stack_.back()->dict.emplace_back(items[k], items[k + 1]);
-        }
-        break;
-      }
-      case 'h':
-      case 'j': {  // BINGET, LONG_BINGET
-        int n = op == 'h' ? 1 : 4;
-        FERRY_RETURN_IF_ERROR(Need(n));
-        uint64_t idx = LoadLE(data_ + pos_, n);
-        pos_ += n;
-        auto it = memo_.find(idx);
-        if (it == memo_.end()) return Fail("memo entry ", idx, " read before it was written");
-        FERRY_RETURN_IF_ERROR(Push(it->second));
-        break;
-      }
-      case 'q':
-      case 'r': {  // BINPUT, LONG_BINPUT
-        int n = op == 'q' ? 1 : 4;
-        FERRY_RETURN_IF_ERROR(Need(n));
-        uint64_t idx = LoadLE(data_ + pos_, n);
-        pos_ += n;
-        if (stack_.size() <= MarkFloor()) return Fail("PUT of an empty stack");
-        FERRY_RETURN_IF_ERROR(Memo(idx, stack_.back()));
-        break;
-      }
-      case 0x94:  // MEMOIZE
-        if (stack_.size() <= MarkFloor()) return Fail("MEMOIZE of an empty stack");
-        FERRY_RETURN_IF_ERROR(Memo(memo_.size(), stack_.back()));
-        break;
-      case 'c':
-      case 0x93: {  // GLOBAL "module\nname\n", STACK_GLOBAL
-        std::string module, name;
-        if (op == 'c') {
-          for (std::string* part : {&module, &name}) {
-            const void* nl =
-                std::memchr(data_ + pos_, '\n', std::min<uint64_t>(size_ - pos_, 1024));
-            if (nl == nullptr) return Fail("GLOBAL without a newline-terminated name");
-            uint64_t end = static_cast<const uint8_t*>(nl) - data_;
-            part->assign(reinterpret_cast<const char*>(data_ + pos_), end - pos_);
-            pos_ = end + 1;
-          }
-        } else {
-          FERRY_ASSIGN_OR_RETURN(Value * n, Pop());
-          FERRY_ASSIGN_OR_RETURN(Value * m, Pop());
-          if (!m->is_str() || !n->is_str()) return Fail("STACK_GLOBAL of non-strings");
-          module = m->s;
-          name = n->s;
-        }
-        auto g = Resolve(module, name);
-        if (!g) {
-          return Fail("refused global ", Quote(StrCat(module, ".", name)),
-                      " (not a tensor, container or recipe the importer knows; nothing was run)");
-        }
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kGlobal));
-        v->s = StrCat(module, ".", name);
-        v->global = *g;
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'R': {  // REDUCE
-        FERRY_ASSIGN_OR_RETURN(Value * args, Pop());
-        FERRY_ASSIGN_OR_RETURN(Value * fn, Pop());
-        FERRY_RETURN_IF_ERROR(Reduce(fn, args));
-        break;
-      }
-      case 0x81:
-      case 0x92: {  // NEWOBJ (cls, args), NEWOBJ_EX (cls, args, kwargs)
-        Value* kwargs = nullptr;
-        if (op == 0x92) {
-          FERRY_ASSIGN_OR_RETURN(kwargs, Pop());
-        }
-        FERRY_ASSIGN_OR_RETURN(Value * args, Pop());
-        FERRY_ASSIGN_OR_RETURN(Value * cls, Pop());
-        if (!cls->is(Kind::kGlobal) ||
-            (cls->global != Global::kRecord && cls->global != Global::kBytesIO)) {
-          return Fail("NEWOBJ of ", cls->is(Kind::kGlobal) ? Quote(cls->s) : "a non-class",
-                      ", which is not an allowed class");
-        }
-        if (!args->is(Kind::kTuple)) return Fail("NEWOBJ arguments are not a tuple");
-        FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kObject));
-        v->s = cls->s;
-        v->global = cls->global;
-        v->items = args->items;
-        if (kwargs) v->state = kwargs;
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'b': {  // BUILD
-        FERRY_ASSIGN_OR_RETURN(Value * state, Pop());
-        if (stack_.size() <= MarkFloor()) return Fail("BUILD of an empty stack");
-        FERRY_RETURN_IF_ERROR(Build(stack_.back(), state));
-        break;
-      }
-      case 'Q': {  // BINPERSID
-        FERRY_ASSIGN_OR_RETURN(Value * pid, Pop());
-        if (!opt_.persistent_load) return Fail("persistent id where none is expected");
-        FERRY_ASSIGN_OR_RETURN(Value * v, opt_.persistent_load(pid, opt_.offset_base + op_pos_));
-        FERRY_RETURN_IF_ERROR(Push(v));
-        break;
-      }
-      case 'i':
-        return Fail("refused opcode INST (builds an arbitrary object)");
-      case 'o':
-        return Fail("refused opcode OBJ (builds an arbitrary object)");
-      case 0x82:
-      case 0x83:
-      case 0x84:
-        return Fail("refused opcode EXT (copyreg extension registry)");
-      case 0x97:
-      case 0x98:
-        return Fail("refused out-of-band buffer opcode");
-      case 'P':
-      case 'I':
-      case 'L':
-      case 'F':
-      case 'S':
-      case 'V':
-      case 'g':
-      case 'p':
-        return Fail("protocol 0 opcode ", Quote(std::string(1, static_cast<char>(op))),
-                    " (only protocols 2 to 5 are read)");
-      default:
-        return Fail("unknown pickle opcode 0x", std::hex, int{op});
+      return Status::Ok();
+    case '1': {  // POP_MARK
+      FERRY_ASSIGN_OR_RETURN(auto dropped, PopMark());
+      (void)dropped;
+      return Status::Ok();
     }
+    default:  // DUP
+      if (stack_.size() <= MarkFloor()) return Fail("DUP of an empty stack");
+      return Push(stack_.back());
+  }
+}
+
+Status Machine::Scalar(uint8_t op) {
+  switch (op) {
+    case 'N': {
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kNone));
+      return Push(v);
+    }
+    case 0x88:
+    case 0x89: {  // NEWTRUE, NEWFALSE
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kBool));
+      v->b = op == 0x88;
+      return Push(v);
+    }
+    case 'J':
+    case 'K':
+    case 'M': {  // BININT (i32), BININT1 (u8), BININT2 (u16)
+      int n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
+      FERRY_RETURN_IF_ERROR(Need(n));
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kInt));
+      uint64_t raw = LoadLE(data_ + pos_, n);
+      v->i = op == 'J' ? int64_t{static_cast<int32_t>(raw)} : static_cast<int64_t>(raw);
+      pos_ += n;
+      return Push(v);
+    }
+    case 0x8a:
+    case 0x8b: {  // LONG1, LONG4: little-endian two's complement of a given length
+      int lw = op == 0x8a ? 1 : 4;
+      FERRY_RETURN_IF_ERROR(Need(lw));
+      uint64_t n = LoadLE(data_ + pos_, lw);
+      if (op == 0x8b && (n >> 31) != 0) return Fail("negative LONG4 length");
+      pos_ += lw;
+      FERRY_RETURN_IF_ERROR(Need(n));
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(n <= 8 ? Kind::kInt : Kind::kBigInt));
+      if (n <= 8) {
+        uint64_t raw = n ? LoadLE(data_ + pos_, static_cast<int>(n)) : 0;
+        if (n > 0 && n < 8 && (data_[pos_ + n - 1] & 0x80)) raw |= ~uint64_t{0} << (8 * n);
+        v->i = static_cast<int64_t>(raw);
+      } else {
+        v->s.assign(reinterpret_cast<const char*>(data_ + pos_), n);
+      }
+      pos_ += n;
+      return Push(v);
+    }
+    default: {  // BINFLOAT, big-endian
+      FERRY_RETURN_IF_ERROR(Need(8));
+      uint64_t raw = 0;
+      for (int k = 0; k < 8; ++k) raw = (raw << 8) | data_[pos_ + k];
+      pos_ += 8;
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kFloat));
+      std::memcpy(&v->f, &raw, 8);
+      return Push(v);
+    }
+  }
+}
+
+// BINUNICODE (u32), SHORT_BINUNICODE (u8), BINUNICODE8; BINSTRING (i32), SHORT_BINSTRING;
+// BINBYTES (u32), SHORT_BINBYTES, BINBYTES8, BYTEARRAY8.
+Status Machine::String(uint8_t op) {
+  int lw = (op == 0x8c || op == 'U' || op == 'C')     ? 1
+           : (op == 0x8d || op == 0x8e || op == 0x96) ? 8
+                                                      : 4;
+  FERRY_RETURN_IF_ERROR(Need(lw));
+  uint64_t n = LoadLE(data_ + pos_, lw);
+  if (op == 'T' && (n >> 31) != 0) return Fail("negative BINSTRING length");
+  pos_ += lw;
+  bool text = op == 'X' || op == 0x8c || op == 0x8d || op == 'T' || op == 'U';
+  return PushString(text ? Kind::kStr : Kind::kBytes, n);
+}
+
+Status Machine::Container(uint8_t op) {
+  switch (op) {
+    case ')': {
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kTuple));
+      return Push(v);
+    }
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
+      size_t n = op - 0x84;
+      if (stack_.size() < MarkFloor() + n) return Fail("TUPLE", n, " of a short stack");
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kTuple));
+      v->items.assign(stack_.end() - n, stack_.end());
+      stack_.resize(stack_.size() - n);
+      return Push(v);
+    }
+    case 't':
+    case 'l':
+    case 0x91: {  // TUPLE, LIST, FROZENSET
+      FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(op == 't'   ? Kind::kTuple
+                                            : op == 'l' ? Kind::kList
+                                                        : Kind::kSet));
+      v->items = std::move(items);
+      return Push(v);
+    }
+    case ']':
+    case '}':
+    case 0x8f: {  // EMPTY_LIST, EMPTY_DICT, EMPTY_SET
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(op == ']'   ? Kind::kList
+                                            : op == '}' ? Kind::kDict
+                                                        : Kind::kSet));
+      return Push(v);
+    }
+    default: {  // DICT
+      FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
+      if (items.size() % 2) return Fail("DICT with an odd number of items");
+      FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kDict));
+      for (size_t k = 0; k < items.size(); k += 2) v->dict.emplace_back(items[k], items[k + 1]);
+      return Push(v);
+    }
+  }
+}
+
+// APPEND, APPENDS, ADDITEMS, SETITEM, SETITEMS: into the container below the arguments.
+Status Machine::Fill(uint8_t op) {
+  switch (op) {
+    case 'a': {  // APPEND
+      FERRY_ASSIGN_OR_RETURN(Value * x, Pop());
+      if (stack_.size() <= MarkFloor() || !stack_.back()->is(Kind::kList)) {
+        return Fail("APPEND to something that is not a list");
+      }
+      stack_.back()->items.push_back(x);
+      return Status::Ok();
+    }
+    case 'e':
+    case 0x90: {  // APPENDS, ADDITEMS
+      FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
+      Kind want = op == 'e' ? Kind::kList : Kind::kSet;
+      if (stack_.size() <= MarkFloor() || !stack_.back()->is(want)) {
+        return Fail(op == 'e' ? "APPENDS to something that is not a list"
+                              : "ADDITEMS to something that is not a set");
+      }
+      auto& dst = stack_.back()->items;
+      dst.insert(dst.end(), items.begin(), items.end());
+      return Status::Ok();
+    }
+    case 's': {  // SETITEM
+      FERRY_ASSIGN_OR_RETURN(Value * val, Pop());
+      FERRY_ASSIGN_OR_RETURN(Value * key, Pop());
+      if (stack_.size() <= MarkFloor() || !stack_.back()->is(Kind::kDict)) {
+        return Fail("SETITEM on something that is not a dict");
+      }
+      stack_.back()->dict.emplace_back(key, val);
+      return Status::Ok();
+    }
+    default: {  // SETITEMS
+      FERRY_ASSIGN_OR_RETURN(auto items, PopMark());
+      if (items.size() % 2) return Fail("SETITEMS with an odd number of items");
+      if (stack_.size() <= MarkFloor() || !stack_.back()->is(Kind::kDict)) {
+        return Fail("SETITEMS on something that is not a dict");
+      }
+      for (size_t k = 0; k < items.size(); k += 2) {
+        stack_.back()->dict.emplace_back(items[k], items[k + 1]);
+      }
+      return Status::Ok();
+    }
+  }
+}
+
+Status Machine::MemoOp(uint8_t op) {
+  if (op == 0x94) {  // MEMOIZE
+    if (stack_.size() <= MarkFloor()) return Fail("MEMOIZE of an empty stack");
+    return Memo(memo_.size(), stack_.back());
+  }
+  // BINGET, LONG_BINGET, BINPUT, LONG_BINPUT
+  int n = op == 'h' || op == 'q' ? 1 : 4;
+  FERRY_RETURN_IF_ERROR(Need(n));
+  uint64_t idx = LoadLE(data_ + pos_, n);
+  pos_ += n;
+  if (op == 'h' || op == 'j') {
+    auto it = memo_.find(idx);
+    if (it == memo_.end()) return Fail("memo entry ", idx, " read before it was written");
+    return Push(it->second);
+  }
+  if (stack_.size() <= MarkFloor()) return Fail("PUT of an empty stack");
+  return Memo(idx, stack_.back());
+}
+
+// GLOBAL "module\nname\n", STACK_GLOBAL: only allow-listed names (Resolve).
+Status Machine::GlobalOp(uint8_t op) {
+  std::string module, name;
+  if (op == 'c') {
+    for (std::string* part : {&module, &name}) {
+      const void* nl =
+          std::memchr(data_ + pos_, '\n', std::min<uint64_t>(size_ - pos_, kMaxGlobalName));
+      if (nl == nullptr) return Fail("GLOBAL without a newline-terminated name");
+      uint64_t end = static_cast<const uint8_t*>(nl) - data_;
+      part->assign(reinterpret_cast<const char*>(data_ + pos_), end - pos_);
+      pos_ = end + 1;
+    }
+  } else {
+    FERRY_ASSIGN_OR_RETURN(Value * n, Pop());
+    FERRY_ASSIGN_OR_RETURN(Value * m, Pop());
+    if (!m->is_str() || !n->is_str()) return Fail("STACK_GLOBAL of non-strings");
+    if (m->s.size() > kMaxGlobalName || n->s.size() > kMaxGlobalName) {
+      return Fail("STACK_GLOBAL of a name longer than ", kMaxGlobalName, " bytes");
+    }
+    module = m->s;
+    name = n->s;
+  }
+  auto g = Resolve(module, name);
+  if (!g) {
+    return Fail("refused global ", Quote(StrCat(module, ".", name)),
+                " (not a tensor, container or recipe the importer knows; nothing was run)");
+  }
+  FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kGlobal));
+  v->s = StrCat(module, ".", name);
+  v->global = *g;
+  return Push(v);
+}
+
+// REDUCE, NEWOBJ, NEWOBJ_EX, BUILD, BINPERSID: calls, all answered by the allow-list.
+Status Machine::ObjectOp(uint8_t op) {
+  switch (op) {
+    case 'R': {  // REDUCE
+      FERRY_ASSIGN_OR_RETURN(Value * args, Pop());
+      FERRY_ASSIGN_OR_RETURN(Value * fn, Pop());
+      return Reduce(fn, args);
+    }
+    case 0x81:
+    case 0x92: {  // NEWOBJ (cls, args), NEWOBJ_EX (cls, args, kwargs)
+      Value* kwargs = nullptr;
+      if (op == 0x92) {
+        FERRY_ASSIGN_OR_RETURN(kwargs, Pop());
+      }
+      FERRY_ASSIGN_OR_RETURN(Value * args, Pop());
+      FERRY_ASSIGN_OR_RETURN(Value * cls, Pop());
+      return NewObj(cls, args, kwargs);
+    }
+    case 'b': {  // BUILD
+      FERRY_ASSIGN_OR_RETURN(Value * state, Pop());
+      if (stack_.size() <= MarkFloor()) return Fail("BUILD of an empty stack");
+      return Build(stack_.back(), state);
+    }
+    default: {  // BINPERSID
+      FERRY_ASSIGN_OR_RETURN(Value * pid, Pop());
+      if (!opt_.persistent_load) return Fail("persistent id where none is expected");
+      FERRY_ASSIGN_OR_RETURN(Value * v, opt_.persistent_load(pid, opt_.offset_base + op_pos_));
+      return Push(v);
+    }
+  }
+}
+
+Status Machine::NewObj(Value* cls, Value* args, Value* kwargs) {
+  if (!cls->is(Kind::kGlobal) ||
+      (cls->global != Global::kRecord && cls->global != Global::kBytesIO)) {
+    return Fail("NEWOBJ of ", cls->is(Kind::kGlobal) ? Quote(cls->s) : "a non-class",
+                ", which is not an allowed class");
+  }
+  if (!args->is(Kind::kTuple)) return Fail("NEWOBJ arguments are not a tuple");
+  FERRY_ASSIGN_OR_RETURN(Value * v, New(Kind::kObject));
+  v->s = cls->s;
+  v->global = cls->global;
+  v->args = args;
+  if (kwargs) v->state = kwargs;
+  return Push(v);
+}
+
+Status Machine::Refuse(uint8_t op) {
+  switch (op) {
+    case 'i':
+      return Fail("refused opcode INST (builds an arbitrary object)");
+    case 'o':
+      return Fail("refused opcode OBJ (builds an arbitrary object)");
+    case 0x82:
+    case 0x83:
+    case 0x84:
+      return Fail("refused opcode EXT (copyreg extension registry)");
+    case 0x97:
+    case 0x98:
+      return Fail("refused out-of-band buffer opcode");
+    case 'P':
+    case 'I':
+    case 'L':
+    case 'F':
+    case 'S':
+    case 'V':
+    case 'g':
+    case 'p':
+      return Fail("protocol 0 opcode ", Quote(std::string(1, static_cast<char>(op))),
+                  " (only protocols 2 to 5 are read)");
+    default:
+      return Fail("unknown pickle opcode 0x", std::hex, int{op});
   }
 }
 
@@ -818,11 +978,28 @@ std::optional<TorchDType> TorchDTypeByStorage(std::string_view name) {
   return std::nullopt;
 }
 
+const std::vector<Value*>& Value::Elements() const {
+  static const std::vector<Value*> kNone;
+  if (kind == Kind::kObject) return args != nullptr ? args->items : kNone;
+  return items;
+}
+
 const Value* Value::Get(std::string_view key) const {
-  for (const auto& [k, v] : dict) {
-    if (k->is_str() && k->s == key) return v;
+  constexpr size_t kScanned = 16;  // smaller dicts are scanned
+  if (dict.size() <= kScanned) {
+    for (const auto& [k, v] : dict) {
+      if (k->is_str() && k->s == key) return v;
+    }
+    return nullptr;
   }
-  return nullptr;
+  if (!index_) index_ = std::make_unique<std::unordered_map<std::string_view, const Value*>>();
+  // Entries are only ever appended, and key strings never change once built.
+  for (; indexed_ < dict.size(); ++indexed_) {
+    const auto& [k, v] = dict[indexed_];
+    if (k->is_str()) index_->emplace(k->s, v);  // the first of repeated keys wins, as above
+  }
+  auto it = index_->find(key);
+  return it == index_->end() ? nullptr : it->second;
 }
 
 std::string Value::ShortClass() const { return s.substr(s.rfind('.') + 1); }

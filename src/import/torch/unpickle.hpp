@@ -19,18 +19,26 @@
 // opcodes, out-of-band buffers, REDUCE/NEWOBJ/BUILD on anything not listed) is refused with a
 // DataLoss error naming the global and the byte offset. Only protocols 2 to 5 are read.
 //
-// Bounds: time is linear in the input (each opcode does work proportional to the values it
-// consumes); memory is linear in the input (at most one value per opcode, strings copied at
-// most once) and capped by the limits below.
+// Bounds: time and memory are linear in the input. An opcode creates at most one value, and
+// a value reached again through the memo (the same tuple, string or bytes used by many
+// opcodes) is never rebuilt: an object keeps its argument tuple, torch.Size of a tuple is that
+// tuple, bytearray of bytes is those bytes, and _codecs.encode and _load_from_bytes convert
+// each argument value once. The copies that remain (OrderedDict, set, frozenset and
+// torch.Size of a list, which may change after the call) are counted against the pickle's
+// size (kPickleCopiesPerByte): a pickle that would copy more is refused. Strings are copied
+// from the input at most once; names of globals are at most kMaxGlobalName bytes. The limits
+// below cap what a pickle may build in absolute terms.
 #ifndef FERRY_SRC_IMPORT_TORCH_UNPICKLE_HPP_
 #define FERRY_SRC_IMPORT_TORCH_UNPICKLE_HPP_
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -43,6 +51,14 @@ inline constexpr uint64_t kMaxPickleMarks = 1024;  // nesting depth of MARK grou
 inline constexpr uint64_t kMaxPickleMemo = uint64_t{1} << 20;
 inline constexpr uint64_t kMaxPickleValues = uint64_t{1} << 24;
 inline constexpr int kMaxPickleNesting = 4;  // pickles inside pickles (_load_from_bytes, BytesIO)
+// Container items copied by REDUCE (see above): at most this many per byte of the pickle, plus
+// kPickleCopySlack.
+inline constexpr uint64_t kPickleCopiesPerByte = 2;
+inline constexpr uint64_t kPickleCopySlack = uint64_t{1} << 16;
+// "module" and "name" of a global: GLOBAL reads at most this far for each newline.
+inline constexpr uint64_t kMaxGlobalName = 1024;
+// Dimensions of a tensor (TensorFerry's own limit, format::kMaxDims).
+inline constexpr size_t kMaxTensorDims = 64;
 
 // A torch dtype: its name ("float32"), the TensorFerry type when there is one, its size in
 // bytes per storage element. float4_e2m1fn_x2 holds two F4 elements per element.
@@ -92,6 +108,8 @@ struct TensorRef {
   const Storage* storage = nullptr;
   TorchDType dtype;
   int64_t storage_offset = 0;  // in elements
+  // Checked when the tensor is rebuilt: no negative entry, element count and dense byte
+  // count (numel * itemsize) at most INT64_MAX, every reachable element inside the storage.
   std::vector<int64_t> shape, stride;
 };
 
@@ -118,8 +136,9 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::string s;
-  std::vector<Value*> items;
+  std::vector<Value*> items;                    // tuple, list, set
   std::vector<std::pair<Value*, Value*>> dict;  // insertion order; duplicates kept
+  Value* args = nullptr;  // kObject: its argument tuple, shared with whatever else holds it
   Value* state = nullptr;
   Global global = Global::kRecord;
   Storage* storage = nullptr;
@@ -127,10 +146,19 @@ struct Value {
 
   bool is(Kind k) const { return kind == k; }
   bool is_str() const { return kind == Kind::kStr; }
-  // The entry of a dict whose key is the string `key`, or nullptr.
+  // The items of a tuple, list or set; the arguments of an object; else empty.
+  const std::vector<Value*>& Elements() const;
+  // The first entry of a dict whose key is the string `key`, or nullptr. Large dicts are
+  // indexed on first use (and the index extended as the dict grows), so looking fields up in
+  // a dict shared by many objects costs its size once, not once per lookup. Not thread-safe:
+  // lookups happen while a checkpoint is opened, by one thread.
   const Value* Get(std::string_view key) const;
   // "module.name" of an object's class, without the module for messages.
   std::string ShortClass() const;
+
+ private:
+  mutable std::unique_ptr<std::unordered_map<std::string_view, const Value*>> index_;
+  mutable size_t indexed_ = 0;  // dict entries in index_
 };
 
 // Owns every value, storage and tensor of one or more pickles. Not copyable; values are
@@ -142,6 +170,8 @@ class Heap {
   TensorRef* NewTensor();
   uint64_t values() const { return values_.size(); }
   int nesting = 0;  // pickles being read right now, one inside another
+  // Container items copied by every pickle read into this heap (see the bounds above).
+  uint64_t copied = 0;
 
  private:
   std::deque<Value> values_;

@@ -1,0 +1,6 @@
+#include "fuzz_entries.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  (void)ferry::fuzz::FuzzDcp(data, size);
+  return 0;
+}
