@@ -3,6 +3,9 @@
 // them, the C API, and the split of a distributed load (which bytes each rank reads from the
 // object store). Against the test servers (servers/test_servers.hpp) on 127.0.0.1.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -20,6 +23,7 @@
 #include "ferry/loader.hpp"
 #include "ferry/sharded.hpp"
 #include "format/block_source.hpp"
+#include "format/safetensors.hpp"
 #include "io/remote_sink.hpp"
 #include "io/remote_source.hpp"
 #include "io/url.hpp"
@@ -385,6 +389,208 @@ TEST_F(StorageTest, TheCApiTakesUrlsAndItsStorageOptions) {
   EXPECT_EQ(std::string(error.message),
             "gs://b/k: URL scheme 'gs' is not supported (http://, https://, s3://), and no "
             "local file has this name");
+}
+
+// ---- saves to s3:// --------------------------------------------------------------------------
+
+// The object at `key` of the test bucket, whole.
+Result<std::vector<uint8_t>> ObjectBytes(const std::string& key) {
+  FERRY_ASSIGN_OR_RETURN(auto src, OpenS3Source(S3Url(key), MotoSettings(), RemoteOptions()));
+  std::vector<uint8_t> out(src->size());
+  FERRY_RETURN_IF_ERROR(src->ReadAt(0, out.size(), out.data()));
+  return out;
+}
+
+void ExpectObjectHolds(const std::string& url, const Expected& expected) {
+  auto reader = Reader::Open(url, ReaderOptions{.verify_on_open = true});
+  ASSERT_TRUE(reader.ok()) << url << ": " << reader.status().ToString();
+  ASSERT_EQ((*reader)->num_tensors(), expected.size()) << url;
+  for (const auto& [name, want] : expected) {
+    std::vector<uint8_t> got(want.size());
+    Status st = (*reader)->ReadInto(name, got.data(), got.size(), {true});
+    ASSERT_TRUE(st.ok()) << url << " " << name << ": " << st.ToString();
+    EXPECT_TRUE(got == want) << url << " " << name;
+  }
+}
+
+// Tensors of every encoding in 1 MiB blocks, 22 MiB of incompressible raw bytes among them:
+// several 8 MiB parts, whose 4 MiB segments the workers fill out of order.
+Status AddManyParts(Writer& w, Expected* expected) {
+  FERRY_RETURN_IF_ERROR(AddEveryEncoding(w, expected));
+  FERRY_RETURN_IF_ERROR(
+      testing::AddTestTensor(w, "big", DType::kF32, {22 << 18}, Encoding::kRaw, 99, expected));
+  return testing::AddTestTensor(w, "tail", DType::kBF16, {3, 1000}, Encoding::kShuffleZstd, 100,
+                                expected);
+}
+
+TEST_F(StorageTest, SavesToS3RoundTripSyncAndAsync) {
+  for (bool async : {false, true}) {
+    for (int threads : {1, 4}) {
+      for (bool staged : {false, true}) {
+        const std::string url =
+            S3Url(StrCat("storage/", getpid(), "/saved ", async, threads, staged, ".ferry"));
+        WriterOptions wo;
+        wo.block_size = 1 << 20;
+        wo.threads = threads;
+        if (staged) wo.staging = StagingPool::Create(8 << 20).value();
+        auto w = Writer::Create(url, wo);
+        ASSERT_TRUE(w.ok()) << w.status().ToString();
+        EXPECT_EQ(w->path(), url);
+        Expected expected;
+        ASSERT_TRUE(AddManyParts(*w, &expected).ok());
+        ASSERT_TRUE(w->SetMetadata("step", "12").ok());
+        // Nothing is visible before the commit.
+        EXPECT_EQ(Reader::Open(url).status().code(), StatusCode::kNotFound) << url;
+        if (async) {
+          auto handle = w->CommitAsync();
+          ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+          ASSERT_TRUE(handle->Wait().ok()) << url;
+        } else {
+          Status st = w->Commit();
+          ASSERT_TRUE(st.ok()) << url << ": " << st.ToString();
+        }
+        ExpectObjectHolds(url, expected);
+        const auto metadata = Reader::Open(url).value()->metadata();
+        EXPECT_EQ(metadata, (std::vector<std::pair<std::string, std::string>>{{"step", "12"}}));
+      }
+    }
+  }
+}
+
+TEST_F(StorageTest, SmallSavesAndSafetensorsGoUpWhole) {
+  // Under one part: one PutObject at the commit.
+  const std::string url = S3Url(StrCat("storage/", getpid(), "/small save.ferry"));
+  Expected expected;
+  auto w = Writer::Create(url).value();
+  ASSERT_TRUE(testing::AddTestTensor(w, "x", DType::kI32, {5}, Encoding::kRaw, 3, &expected).ok());
+  ASSERT_TRUE(w.Commit().ok());
+  ExpectObjectHolds(url, expected);
+
+  // safetensors output (ferry convert --to safetensors) streams to the object as well.
+  const std::string st_url = S3Url(StrCat("storage/", getpid(), "/out.safetensors"));
+  std::vector<uint8_t> data = testing::RandomBytes(6 << 20, 5);
+  auto sw = SafetensorsWriter::Create(st_url, {{"w", DType::kU8, {6 << 20}}}, {{"k", "v"}});
+  ASSERT_TRUE(sw.ok()) << sw.status().ToString();
+  ASSERT_TRUE(sw->Write(data.data(), data.size()).ok());
+  EXPECT_EQ(Reader::Open(st_url).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(sw->Commit().ok());
+  ExpectObjectHolds(st_url, {{"w", data}});
+
+  // A plain HTTP server takes no uploads.
+  EXPECT_EQ(
+      Writer::Create(HttpUrl("storage/up.ferry")).status().ToString(),
+      "InvalidArgument: " + HttpUrl("storage/up.ferry") + ": only s3:// destinations take uploads");
+}
+
+TEST_F(StorageTest, DeviceSavesToS3) {
+#ifdef FERRY_HAVE_CUDA
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+  std::vector<uint8_t> host = testing::TensorBytes(20 << 20, 7, true);
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, host.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  for (bool async : {false, true}) {
+    for (Encoding enc : {Encoding::kRaw, Encoding::kShuffleZstd, Encoding::kPlanes}) {
+      const std::string url =
+          S3Url(StrCat("storage/", getpid(), "/device ", async, EncodingName(enc), ".ferry"));
+      WriterOptions wo;
+      wo.block_size = 1 << 20;
+      auto w = Writer::Create(url, wo).value();
+      ASSERT_TRUE(
+          w.AddDeviceTensor("w", DType::kBF16, {10 << 20}, dev, host.size(), nullptr, enc).ok());
+      if (async) {
+        auto handle = w.CommitAsync();
+        ASSERT_TRUE(handle.ok() && handle->Wait().ok()) << url;
+      } else {
+        ASSERT_TRUE(w.Commit().ok()) << url;
+      }
+      ExpectObjectHolds(url, {{"w", host}});
+    }
+  }
+  cudaFree(dev);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+TEST_F(StorageTest, AFailedOrAbandonedSaveLeavesThePreviousObject) {
+  const std::string key = StrCat("storage/", getpid(), "/kept.ferry");
+  const std::string url = S3Url(key);
+  Expected old;
+  {
+    auto w = Writer::Create(url).value();
+    ASSERT_TRUE(
+        testing::AddTestTensor(w, "old", DType::kF32, {1000}, Encoding::kRaw, 1, &old).ok());
+    ASSERT_TRUE(w.Commit().ok());
+  }
+  const std::vector<uint8_t> before = ObjectBytes(key).value();
+  // 30 MiB pulled from a source that fails past 20 MiB: parts are already uploaded then.
+  const FillFn failing = [](uint64_t offset, void* dst, uint64_t n) -> Status {
+    if (offset >= (20 << 20)) return Error(StatusCode::kIoError, "the source went away");
+    std::memset(dst, 0x5a, n);
+    return Status::Ok();
+  };
+  {
+    WriterOptions wo;
+    wo.block_size = 1 << 20;
+    auto w = Writer::Create(url, wo).value();
+    Status st = w.AddTensorFrom("new", DType::kU8, {30 << 20}, failing, Encoding::kRaw);
+    EXPECT_EQ(st.ToString(), "IoError: " + url +
+                                 ": tensor 'new': source failed at byte 20971520: the source "
+                                 "went away");
+    EXPECT_FALSE(w.Commit().ok());
+  }
+  EXPECT_TRUE(ObjectBytes(key).value() == before);
+  // Aborted, and dropped without a commit, after parts went up.
+  for (bool abort : {true, false}) {
+    auto w = Writer::Create(url).value();
+    std::vector<uint8_t> big = testing::RandomBytes(24 << 20, 9);
+    ASSERT_TRUE(w.AddTensor("new", DType::kU8, {24 << 20}, big.data(), big.size()).ok());
+    if (abort) w.Abort();
+  }
+  EXPECT_TRUE(ObjectBytes(key).value() == before);
+  ExpectObjectHolds(url, old);
+}
+
+TEST_F(StorageTest, ASaveKilledMidUploadLeavesThePreviousObject) {
+  const std::string key = StrCat("storage/", getpid(), "/killed.ferry");
+  const std::string url = S3Url(key);
+  Expected old;
+  {
+    auto w = Writer::Create(url).value();
+    ASSERT_TRUE(
+        testing::AddTestTensor(w, "old", DType::kF32, {1000}, Encoding::kRaw, 1, &old).ok());
+    ASSERT_TRUE(w.Commit().ok());
+  }
+  const std::vector<uint8_t> before = ObjectBytes(key).value();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // 48 MiB of raw bytes, unstaged: AddTensor returns once they are in the upload, which
+    // holds at most 4 parts of 8 MiB at once, so at least two parts have reached the server.
+    close(ready[0]);
+    std::vector<uint8_t> big = testing::RandomBytes(48 << 20, 11);
+    auto w = Writer::Create(url);
+    if (!w.ok() || !w->AddTensor("new", DType::kU8, {48 << 20}, big.data(), big.size()).ok()) {
+      _exit(1);
+    }
+    char c = 'x';
+    if (write(ready[1], &c, 1) != 1) _exit(1);
+    for (;;) pause();  // killed here, before the commit
+  }
+  close(ready[1]);
+  char c = 0;
+  const bool signalled = read(ready[0], &c, 1) == 1;
+  close(ready[0]);
+  kill(child, SIGKILL);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(signalled) << "the child's save failed (exit status " << wstatus << ")";
+  EXPECT_TRUE(WIFSIGNALED(wstatus));
+  EXPECT_TRUE(ObjectBytes(key).value() == before);
+  ExpectObjectHolds(url, old);
 }
 
 // ---- the split of a distributed load --------------------------------------------------------
