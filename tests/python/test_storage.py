@@ -243,6 +243,11 @@ def test_cli_verify_and_bench(published):
         r = ferry("bench", "--repeat", "1", url)
         assert r.returncode == 0, r.stderr
         assert "summary" in r.stdout
+        assert "\nread        %s range GETs" % ("S3" if url.startswith("s3") else "HTTP") \
+            in r.stdout
+        r = ferry("bench", "--cold", url)
+        assert r.returncode == 2
+        assert "is read from its server on every load" in r.stderr
 
 
 @needs_ferry
