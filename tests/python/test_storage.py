@@ -227,6 +227,10 @@ def test_cli_inspect_says_how_it_reads(remote, published):
         assert remote["s3"]["secret_access_key"] not in r.stdout
         j = json.loads(ferry("inspect", "--json", url).stdout)
         assert j["path"] == url and how in j["read"]
+    # A presigned URL's signature is not printed back.
+    r = ferry("inspect", published[0] + "?X-Amz-Signature=topsecret")
+    assert r.returncode == 0, r.stderr
+    assert "topsecret" not in r.stdout and r.stdout.startswith("file       %s\n" % published[0])
     local = os.path.join(remote["root"], urllib.parse.unquote(
         published[0][len(remote["http"]) + 1:]))
     r = ferry("inspect", local)
