@@ -513,16 +513,19 @@ TEST_F(StorageTest, DeviceSavesToS3) {
 #endif
 }
 
+// The object a failed save must leave in place.
+Status SaveOld(const std::string& url, Expected* old) {
+  FERRY_ASSIGN_OR_RETURN(Writer w, Writer::Create(url));
+  FERRY_RETURN_IF_ERROR(
+      testing::AddTestTensor(w, "old", DType::kF32, {1000}, Encoding::kRaw, 1, old));
+  return w.Commit();
+}
+
 TEST_F(StorageTest, AFailedOrAbandonedSaveLeavesThePreviousObject) {
   const std::string key = StrCat("storage/", getpid(), "/kept.ferry");
   const std::string url = S3Url(key);
   Expected old;
-  {
-    auto w = Writer::Create(url).value();
-    ASSERT_TRUE(
-        testing::AddTestTensor(w, "old", DType::kF32, {1000}, Encoding::kRaw, 1, &old).ok());
-    ASSERT_TRUE(w.Commit().ok());
-  }
+  ASSERT_TRUE(SaveOld(url, &old).ok());
   const std::vector<uint8_t> before = ObjectBytes(key).value();
   // 30 MiB pulled from a source that fails past 20 MiB: parts are already uploaded then.
   const FillFn failing = [](uint64_t offset, void* dst, uint64_t n) -> Status {
@@ -556,12 +559,7 @@ TEST_F(StorageTest, ASaveKilledMidUploadLeavesThePreviousObject) {
   const std::string key = StrCat("storage/", getpid(), "/killed.ferry");
   const std::string url = S3Url(key);
   Expected old;
-  {
-    auto w = Writer::Create(url).value();
-    ASSERT_TRUE(
-        testing::AddTestTensor(w, "old", DType::kF32, {1000}, Encoding::kRaw, 1, &old).ok());
-    ASSERT_TRUE(w.Commit().ok());
-  }
+  ASSERT_TRUE(SaveOld(url, &old).ok());
   const std::vector<uint8_t> before = ObjectBytes(key).value();
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
