@@ -54,29 +54,40 @@ def log(*a):
 
 
 # ---- the checkpoint ---------------------------------------------------------------------
+def to_bf16(a):
+    """float32 numpy -> bf16 (ml_dtypes where installed, else torch) and the saver for a
+    .safetensors copy of such tensors."""
+    try:
+        import ml_dtypes
+        from safetensors.numpy import save_file
+        return a.astype(ml_dtypes.bfloat16), save_file
+    except ImportError:
+        import torch
+        from safetensors.torch import save_file
+        return torch.from_numpy(a).to(torch.bfloat16), save_file
+
+
 def state_dict(mib):
     """Llama-like bf16 layers (attention and MLP matrices, norms) up to about `mib` MiB."""
-    import ml_dtypes
     import numpy as np
     rng = np.random.default_rng(7)
     hidden, inter = 1024, 2816
-    out, total, layer = {}, 0, 0
+    out, total, layer, saver = {}, 0, 0, None
     while total < mib << 20:
         for name, shape in (("q", (hidden, hidden)), ("k", (hidden, hidden)),
                             ("v", (hidden, hidden)), ("o", (hidden, hidden)),
                             ("gate", (inter, hidden)), ("up", (inter, hidden)),
                             ("down", (hidden, inter)), ("norm", (hidden,))):
-            a = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+            a, saver = to_bf16(rng.standard_normal(shape, dtype=np.float32) * 0.02)
             out["layers.%d.%s.weight" % (layer, name)] = a
-            total += a.nbytes
+            total += int(np.prod(shape)) * 2
         layer += 1
-    return out, total
+    return out, total, saver
 
 
 def write_files(d, mib):
     import tensorferry
-    from safetensors.numpy import save_file as st_save
-    tensors, total = state_dict(mib)
+    tensors, total, st_save = state_dict(mib)
     names = {}
     for tag, enc in ENCODINGS:
         path = os.path.join(d, "bench-%s.ferry" % tag.replace("+", "-"))
@@ -177,9 +188,13 @@ def boto3_safetensors(s3, key):
     array; safetensors.numpy.load itself refuses bf16)."""
     import boto3
     from boto3.s3.transfer import TransferConfig
-    import ml_dtypes
     import numpy as np
     from safetensors import deserialize
+    try:
+        import ml_dtypes
+        bf16 = ml_dtypes.bfloat16
+    except ImportError:
+        bf16 = np.uint16  # the same bytes, without the element type
     t0 = time.perf_counter()
     client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name=s3["region"],
                           aws_access_key_id=s3["access_key_id"],
@@ -188,7 +203,7 @@ def boto3_safetensors(s3, key):
     client.download_fileobj(s3["bucket"], key, buf,
                             Config=TransferConfig(multipart_chunksize=PIECE,
                                                   max_concurrency=IN_FLIGHT))
-    types = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
+    types = {"BF16": bf16, "F16": np.float16, "F32": np.float32}
     tensors = {name: np.frombuffer(t["data"], dtype=types[t["dtype"]]).reshape(t["shape"])
                for name, t in deserialize(buf.getvalue())}
     n = sum(t.nbytes for t in tensors.values())
