@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/dist_plan.hpp"
 #include "ferry/distributed.hpp"
 #include "format/block_source.hpp"
 #include "io/source.hpp"
@@ -706,6 +707,17 @@ int ChildBench(Child& c) {
       c.results["remote.dist.read"] = {static_cast<double>((*dist)->last_stats().bytes_read)};
       c.results["remote.dist.fetched"] = {static_cast<double>(counting->bytes())};
       c.results["remote.dist.object"] = {static_cast<double>((*reader)->file_size())};
+      // What the plan says this rank fetches (its share of the stored tensor bytes).
+      auto plan = MakeDistPlan(SourceOf(**reader), {}, c.rank, c.nranks, c.opts.rounds, 0, nullptr);
+      uint64_t planned = 0;
+      if (plan.ok()) {
+        auto ranges =
+            StoredRangesOf(SourceOf(**reader), plan->items, plan->pieces, c.rank, c.opts.rounds);
+        for (const StoredRange& x : ranges.ok() ? *ranges : std::vector<StoredRange>{}) {
+          planned += x.end - x.begin;
+        }
+      }
+      c.results["remote.dist.planned"] = {static_cast<double>(planned)};
       if (bad == 0) c.Note("remote: " + std::to_string(out->size()) + " tensors bit-exact");
     } else {
       c.results["remote.dist"].push_back(secs);
@@ -741,6 +753,17 @@ int ChildBench(Child& c) {
       c.results["remote.dist.read"] = {static_cast<double>((*dist)->last_stats().bytes_read)};
       c.results["remote.dist.fetched"] = {static_cast<double>(counting->bytes())};
       c.results["remote.dist.object"] = {static_cast<double>((*reader)->file_size())};
+      // What the plan says this rank fetches (its share of the stored tensor bytes).
+      auto plan = MakeDistPlan(SourceOf(**reader), {}, c.rank, c.nranks, c.opts.rounds, 0, nullptr);
+      uint64_t planned = 0;
+      if (plan.ok()) {
+        auto ranges =
+            StoredRangesOf(SourceOf(**reader), plan->items, plan->pieces, c.rank, c.opts.rounds);
+        for (const StoredRange& x : ranges.ok() ? *ranges : std::vector<StoredRange>{}) {
+          planned += x.end - x.begin;
+        }
+      }
+      c.results["remote.dist.planned"] = {static_cast<double>(planned)};
       if (bad == 0) c.Note("remote: " + std::to_string(out->size()) + " tensors bit-exact");
     } else {
       c.results["remote.dist"].push_back(secs);
@@ -989,11 +1012,12 @@ int ParentBench(Options o, int nccl_version) {
     for (int r = 0; r < o.ranks; ++r) {
       auto get = [&](const char* k) { return res[r][k].empty() ? NAN : res[r][k][0]; };
       std::printf(
-          "remote, rank %d: fetched %.3f GB of the %.3f GB object (%.3f of it; 1/%d = %.3f), "
-          "tensor bytes read %.3f GB, bit-exact %s\n",
+          "remote, rank %d: fetched %.3f GB of the %.3f GB object (%.3f of it; 1/%d = %.3f; "
+          "planned share %.3f GB), tensor bytes read %.3f GB, bit-exact %s\n",
           r, get("remote.dist.fetched") / 1e9, get("remote.dist.object") / 1e9,
           get("remote.dist.fetched") / get("remote.dist.object"), o.ranks, 1.0 / o.ranks,
-          get("remote.dist.read") / 1e9, get("remote.dist.exact") == 1 ? "yes" : "NO");
+          get("remote.dist.planned") / 1e9, get("remote.dist.read") / 1e9,
+          get("remote.dist.exact") == 1 ? "yes" : "NO");
     }
   }
   std::printf(
