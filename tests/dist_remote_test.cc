@@ -111,6 +111,18 @@ Ranges TensorBytes(const Reader& reader) {
   return Joined(out);
 }
 
+// Each rank's share of the stored bytes under a plan made by all of them.
+std::vector<Ranges> Shares(const Reader& reader, int nranks, int rounds) {
+  std::vector<DistPlan> plans = PlanAll(reader, nranks, rounds);
+  std::vector<Ranges> out(nranks);
+  for (int r = 0; r < nranks && !::testing::Test::HasFailure(); ++r) {
+    auto mine = StoredRangesOf(SourceOf(reader), plans[r].items, plans[r].pieces, r, rounds);
+    EXPECT_TRUE(mine.ok()) << mine.status().ToString();
+    if (mine.ok()) out[r] = OfShard0(*mine);
+  }
+  return out;
+}
+
 class StoredRangesTest : public ::testing::Test {
  protected:
   testing::TempDir dir_;
@@ -124,14 +136,12 @@ TEST_F(StoredRangesTest, RawSharesCoverEveryTensorByteOnce) {
   const uint64_t data = Total(tensors);
   for (int nranks : {1, 2, 3, 5}) {
     for (int rounds : {1, 4}) {
-      std::vector<DistPlan> plans = PlanAll(*reader, nranks, rounds);
+      std::vector<Ranges> shares = Shares(*reader, nranks, rounds);
       if (HasFailure()) return;
       Ranges all;
       uint64_t sum = 0;
       for (int r = 0; r < nranks; ++r) {
-        auto mine = StoredRangesOf(SourceOf(*reader), plans[r].items, plans[r].pieces, r, rounds);
-        ASSERT_TRUE(mine.ok()) << mine.status().ToString();
-        Ranges share = OfShard0(*mine);
+        const Ranges& share = shares[r];
         // About 1/N: the split is balanced to within a row (1 KiB) per segment.
         EXPECT_NEAR(static_cast<double>(Total(share)), static_cast<double>(data) / nranks,
                     1024.0 * rounds)
@@ -160,17 +170,13 @@ TEST_F(StoredRangesTest, EncodedBlocksCutBetweenRanksAreFetchedByBoth) {
   ASSERT_GT(count, 12u) << "the test wants compressed tensors of several blocks";
   const Ranges tensors = TensorBytes(*reader);
   const int nranks = 3, rounds = 2;
-  std::vector<DistPlan> plans = PlanAll(*reader, nranks, rounds);
-  if (HasFailure()) return;
   Ranges all;
   uint64_t sum = 0;
-  for (int r = 0; r < nranks; ++r) {
-    auto mine = StoredRangesOf(SourceOf(*reader), plans[r].items, plans[r].pieces, r, rounds);
-    ASSERT_TRUE(mine.ok()) << mine.status().ToString();
-    Ranges share = OfShard0(*mine);
+  for (const Ranges& share : Shares(*reader, nranks, rounds)) {
     sum += Total(share);
     all.insert(all.end(), share.begin(), share.end());
   }
+  if (HasFailure()) return;
   EXPECT_EQ(Joined(all), tensors);
   // Only blocks at the edges of segments are fetched twice: nranks * rounds - 1 cuts.
   EXPECT_LE(sum - Total(tensors), (nranks * rounds - 1) * largest);

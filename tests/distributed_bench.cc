@@ -725,52 +725,6 @@ int ChildBench(Child& c) {
     out->clear();
   }
 
-  // The checkpoint on a server: every rank opens it (the opening request and the footer) and
-  // fetches its share of the tensor bytes; NCCL brings the rest. Iteration 0 verifies.
-  for (int it = 0; !c.opts.remote.empty() && it <= c.opts.iters; ++it) {
-    if (!c.Barrier()) return 1;
-    auto t0 = Clock::now();
-    auto source = OpenSource(c.opts.remote);
-    if (!source.ok()) {
-      c.Fail("remote: " + source.status().ToString());
-      return 1;
-    }
-    auto counting = std::make_shared<CountingSource>(*source);
-    auto reader = OpenReader(counting);
-    if (!reader.ok()) {
-      c.Fail("remote: " + reader.status().ToString());
-      return 1;
-    }
-    auto out = (*dist)->Load(**reader, {}, c.stream);
-    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!out.ok()) {
-      c.Fail("remote: " + out.status().ToString());
-      return 1;
-    }
-    if (it == 0) {
-      int bad = CheckAll(c, check, *out, by_name, "remote.dist");
-      c.results["remote.dist.exact"] = {bad == 0 ? 1.0 : 0.0};
-      c.results["remote.dist.read"] = {static_cast<double>((*dist)->last_stats().bytes_read)};
-      c.results["remote.dist.fetched"] = {static_cast<double>(counting->bytes())};
-      c.results["remote.dist.object"] = {static_cast<double>((*reader)->file_size())};
-      // What the plan says this rank fetches (its share of the stored tensor bytes).
-      auto plan = MakeDistPlan(SourceOf(**reader), {}, c.rank, c.nranks, c.opts.rounds, 0, nullptr);
-      uint64_t planned = 0;
-      if (plan.ok()) {
-        auto ranges =
-            StoredRangesOf(SourceOf(**reader), plan->items, plan->pieces, c.rank, c.opts.rounds);
-        for (const StoredRange& x : ranges.ok() ? *ranges : std::vector<StoredRange>{}) {
-          planned += x.end - x.begin;
-        }
-      }
-      c.results["remote.dist.planned"] = {static_cast<double>(planned)};
-      if (bad == 0) c.Note("remote: " + std::to_string(out->size()) + " tensors bit-exact");
-    } else {
-      c.results["remote.dist"].push_back(secs);
-    }
-    out->clear();
-  }
-
   std::string report;
   bool own = NvmlOwnGpuOnly(c.device, c.rank, &report);
   c.Note("NVML " + report);
