@@ -79,5 +79,5 @@ echo "== summary (tensor MB/s and its ratio to the ceiling of the same run)"
 for f in device host; do
   [ -f "$OUT/$f.log" ] && { echo "-- $f"; cat "$OUT/$f.log"; }
 done
-[ -s "$OUT/errors.txt" ] && { echo "-- errors"; cat "$OUT/errors.txt"; tail -5 "$OUT"/*.err; }
+[ -s "$OUT/errors.txt" ] && { echo "-- errors"; cat "$OUT/errors.txt"; tail -n 5 "$OUT"/*.err; }
 exit $status
