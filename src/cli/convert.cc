@@ -13,6 +13,7 @@
 #include "format/block_source.hpp"
 #include "format/safetensors.hpp"
 #include "fp8_json.hpp"
+#include "io/source.hpp"
 
 namespace ferry::cli {
 
@@ -279,6 +280,10 @@ Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>
 }
 
 uint64_t FileSize(const std::string& path) {
+  if (IsRemoteName(path)) {
+    auto object = OpenSource(path, {});
+    return object.ok() ? (*object)->size() : 0;
+  }
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
