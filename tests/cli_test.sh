@@ -308,6 +308,11 @@ for out in ferry safetensors; do
   if ls "$WORK"/limited.* >/dev/null 2>&1; then fail "$(ls "$WORK"/limited.*) left behind"; fi
 done
 
+# ---- a file of another kind says what it looks like, not "bad magic" ------------------------------
+run verify-sharded-index 1 "$FERRY" verify "$DATA/sharded/model.safetensors.index.json" &&
+  has "InvalidArgument: $DATA/sharded/model.safetensors.index.json: not a TensorFerry checkpoint: it looks like the index of a sharded checkpoint" &&
+  hasnt "bad magic"
+
 # ---- destinations that are not regular files are refused, and left as they were ------------------
 mkfifo "$WORK/fifo"
 mkdir "$WORK/folder"

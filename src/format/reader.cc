@@ -14,6 +14,7 @@
 #include "format/format.hpp"
 #include "format/recipe_table.hpp"
 #include "format/safetensors.hpp"
+#include "format/sniff.hpp"
 #include "io/source.hpp"
 
 namespace ferry {
@@ -337,21 +338,46 @@ Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
 
 }  // namespace
 
+namespace {
+
+// A file that is not ours but recognisably something else (a torch.save archive, a sharded
+// index, text): says what, and how to convert or open it, rather than "bad magic", which
+// reads like corruption. Nothing when the bytes are unrecognised.
+std::optional<Status> ForeignFileError(const uint8_t* head, uint64_t head_size,
+                                       const std::string& path) {
+  const FileKind kind = SniffFile(head, head_size);
+  std::string hint = ForeignFileHint(kind, path);
+  if (hint.empty()) return std::nullopt;
+  // A damaged safetensors file is damaged; the others are whole files of another kind.
+  const StatusCode code =
+      kind == FileKind::kSafetensors ? StatusCode::kDataLoss : StatusCode::kInvalidArgument;
+  return Error(code, path, ": not a TensorFerry checkpoint: it ", hint);
+}
+
+}  // namespace
+
 Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
                                    const std::string& path) {
   const uint8_t* trailer =
       file_size >= format::kTrailerSize ? file + file_size - format::kTrailerSize : nullptr;
-  return ParseTrailer(file, trailer, file_size, path);
+  return ParseTrailer(file, file_size, trailer, file_size, path);
 }
 
-Result<FooterLocation> ParseTrailer(const uint8_t* head, const uint8_t* trailer, uint64_t file_size,
-                                    const std::string& path) {
+Result<FooterLocation> ParseTrailer(const uint8_t* head, uint64_t head_size, const uint8_t* trailer,
+                                    uint64_t file_size, const std::string& path) {
   const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
+  const uint64_t seen = std::min({head_size, file_size, uint64_t{format::kMagicSize}});
+  const bool magic = std::memcmp(head, format::kMagic, seen) == 0;  // or a cut of it
+  if (!magic) {
+    if (auto foreign = ForeignFileError(head, std::min(head_size, file_size), path)) {
+      return *foreign;
+    }
+  }
   if (file_size < min_size) {
     return Error(StatusCode::kDataLoss, path, ": file is ", file_size,
                  " bytes, too short for a TensorFerry checkpoint (at least ", min_size, ")");
   }
-  if (std::memcmp(head, format::kMagic, format::kMagicSize) != 0) {
+  if (!magic || head_size < format::kMagicSize) {
     return Error(StatusCode::kDataLoss, path,
                  ": not a TensorFerry checkpoint (bad magic at offset 0)");
   }
@@ -656,8 +682,8 @@ Result<BlockSource::Index> FooterIndex(const ByteSource& bytes, const FileEnds& 
   const uint8_t* trailer = ends.tail.size() >= format::kTrailerSize
                                ? ends.tail.data() + ends.tail.size() - format::kTrailerSize
                                : nullptr;
-  FERRY_ASSIGN_OR_RETURN(FooterLocation loc,
-                         ParseTrailer(ends.head.data(), trailer, ends.size, path));
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, ParseTrailer(ends.head.data(), ends.head.size(),
+                                                          trailer, ends.size, path));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {
     return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,

@@ -6,6 +6,7 @@
 
 #include "base/util.hpp"
 #include "format/recipe.hpp"
+#include "format/sniff.hpp"
 
 namespace ferry::torch_import {
 
@@ -958,9 +959,6 @@ Status Machine::Refuse(uint8_t op) {
   }
 }
 
-// Legacy torch.save magic number 0x1950a86a20f9469cfc6c, little-endian.
-constexpr uint8_t kLegacyMagic[] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
-
 }  // namespace
 
 std::optional<TorchDType> TorchDTypeByName(std::string_view name) {
@@ -1019,8 +1017,7 @@ Result<Value*> Unpickle(Heap* heap, const uint8_t* data, uint64_t size,
 }
 
 bool LooksLikeLegacyTorch(const uint8_t* data, uint64_t size) {
-  return size >= 14 && data[0] == 0x80 && data[2] == 0x8a && data[3] == 10 &&
-         std::memcmp(data + 4, kLegacyMagic, 10) == 0;
+  return SniffFile(data, size) == FileKind::kTorchLegacy;
 }
 
 Result<Storage*> ParseLegacyStorage(Heap* heap, const uint8_t* data, uint64_t size,
