@@ -341,7 +341,9 @@ TEST(SafetensorsTest, ForeignFilesSayWhatTheyAreAndHowToConvertThem) {
             P(StatusCode::kDataLoss,
               "looks like a safetensors file whose header length does not fit the file "
               "(truncated or damaged)"));
-  EXPECT_EQ(open("\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94.", "state.pkl"),
+  EXPECT_EQ(open(std::string("\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94", 13) +
+                     std::string(30, 'N') + ".",
+                 "state.pkl"),
             P(StatusCode::kInvalidArgument,
               "looks like a Python pickle, which TensorFerry never runs: load it with the "
               "program that wrote it and save its tensors with tensorferry"));
@@ -350,8 +352,12 @@ TEST(SafetensorsTest, ForeignFilesSayWhatTheyAreAndHowToConvertThem) {
               "looks like a zip archive (an .npz or another archive), not a checkpoint"));
   EXPECT_EQ(open("\xef\xbb\xbf [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]\n", "list.json"),
             P(StatusCode::kInvalidArgument, "looks like a JSON file, not a checkpoint"));
-  EXPECT_EQ(open("model weights, see the README\n", "notes.txt"),
+  EXPECT_EQ(open("model weights: see the README for where they are kept\n", "notes.txt"),
             P(StatusCode::kInvalidArgument, "looks like a text file, not a checkpoint"));
+  // Shorter than any checkpoint: too little to tell by.
+  Status st = OpenImage(dir, "garbage", "short.txt");
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_PRED2(Contains, st.message(), "7 bytes, too short for a TensorFerry checkpoint");
   // The command shown is one shell word whatever the name holds.
   EXPECT_EQ(open(ReadFile(data + "/torch/dtypes.pt"), "it's a model.pt").second,
             "looks like a PyTorch checkpoint (a zip archive, as torch.save writes): convert it "
