@@ -8,9 +8,13 @@
 //                                      on its own GPU only
 //   distributed_bench bench [--gib=8] [--hot-dir=/dev/shm] [--cold-dir=/var/tmp] [--iters=3]
 //                           [--no-cold] [--keep] [--nccl=PATH] [--ranks=2] [--threads=N]
-//                           [--rounds=K]
+//                           [--rounds=K] [--remote=URL]
 //                                      the throughput comparison, hot and cold, with the same
-//                                      bit-exact and NVML checks; prints a table
+//                                      bit-exact and NVML checks; prints a table. --remote: the
+//                                      same checkpoint at an s3:// or http(s):// URL (put there
+//                                      by the caller, e.g. after a --keep run) loaded
+//                                      distributed too, with the bytes each rank fetched from
+//                                      the server (counted in its byte source)
 //
 // The parent process only writes checkpoints (host memory, no CUDA context), passes the NCCL
 // unique id from rank 0 to the others through a pipe, and collects results. Children run with
@@ -26,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +45,10 @@
 #include <thread>
 #include <vector>
 
+#include "dist/dist_plan.hpp"
 #include "ferry/distributed.hpp"
+#include "format/block_source.hpp"
+#include "io/source.hpp"
 #include "nccl_probe.hpp"
 #include "nvml_probe.hpp"
 #include "test_util.hpp"
@@ -64,8 +72,9 @@ struct Options {
   std::string nccl;
   int iters = 3;
   int ranks = 2;
-  int threads = 0;  // loader worker threads (0: the loader's default)
-  int rounds = 4;   // DistributedOptions::rounds
+  int threads = 0;     // loader worker threads (0: the loader's default)
+  int rounds = 4;      // DistributedOptions::rounds
+  std::string remote;  // the checkpoint's copy on a server ("": no remote rows)
   bool cold = true;
   bool keep = false;
   std::vector<std::string> raw;  // as given, for the children
@@ -97,6 +106,8 @@ bool ParseOptions(int argc, char** argv, int first, Options* o) {
       o->threads = std::max(0, std::atoi(v));
     } else if (const char* v = val("--rounds=")) {
       o->rounds = std::max(1, std::atoi(v));
+    } else if (const char* v = val("--remote=")) {
+      o->remote = v;
     } else if (a == "--no-cold") {
       o->cold = false;
     } else if (a == "--keep") {
@@ -560,6 +571,30 @@ double Resident(const std::string& path) {
   return frac;
 }
 
+// Counts the bytes read through it: what this rank fetched from the server.
+class CountingSource : public ByteSource {
+ public:
+  explicit CountingSource(std::shared_ptr<ByteSource> inner) : inner_(std::move(inner)) {}
+  const std::string& name() const override { return inner_->name(); }
+  uint64_t size() const override { return inner_->size(); }
+  uint64_t preferred_read_bytes() const override { return inner_->preferred_read_bytes(); }
+  int preferred_parallel_reads() const override { return inner_->preferred_parallel_reads(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  Status ReadAt(uint64_t offset, uint64_t len, uint8_t* dst) const override {
+    bytes_ += len;
+    return inner_->ReadAt(offset, len, dst);
+  }
+  Status ReadRanges(std::span<const ReadRange> ranges) const override {
+    for (const ReadRange& r : ranges) bytes_ += r.len;
+    return inner_->ReadRanges(ranges);
+  }
+  uint64_t bytes() const { return bytes_.load(); }
+
+ private:
+  std::shared_ptr<ByteSource> inner_;
+  mutable std::atomic<uint64_t> bytes_{0};
+};
+
 int ChildBench(Child& c) {
   const std::vector<Spec> specs = ModelSpecs(c.opts.gib);
   const auto by_name = ByName(specs);
@@ -644,6 +679,52 @@ int ChildBench(Child& c) {
       c.results[names[which]] = {s};
     }
   }
+  // The checkpoint on a server: every rank opens it (the opening request and the footer) and
+  // fetches its share of the tensor bytes; NCCL brings the rest. Iteration 0 verifies.
+  for (int it = 0; !c.opts.remote.empty() && it <= c.opts.iters; ++it) {
+    if (!c.Barrier()) return 1;
+    auto t0 = Clock::now();
+    auto source = OpenSource(c.opts.remote);
+    if (!source.ok()) {
+      c.Fail("remote: " + source.status().ToString());
+      return 1;
+    }
+    auto counting = std::make_shared<CountingSource>(*source);
+    auto reader = OpenReader(counting);
+    if (!reader.ok()) {
+      c.Fail("remote: " + reader.status().ToString());
+      return 1;
+    }
+    auto out = (*dist)->Load(**reader, {}, c.stream);
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!out.ok()) {
+      c.Fail("remote: " + out.status().ToString());
+      return 1;
+    }
+    if (it == 0) {
+      int bad = CheckAll(c, check, *out, by_name, "remote.dist");
+      c.results["remote.dist.exact"] = {bad == 0 ? 1.0 : 0.0};
+      c.results["remote.dist.read"] = {static_cast<double>((*dist)->last_stats().bytes_read)};
+      c.results["remote.dist.fetched"] = {static_cast<double>(counting->bytes())};
+      c.results["remote.dist.object"] = {static_cast<double>((*reader)->file_size())};
+      // What the plan says this rank fetches (its share of the stored tensor bytes).
+      auto plan = MakeDistPlan(SourceOf(**reader), {}, c.rank, c.nranks, c.opts.rounds, 0, nullptr);
+      uint64_t planned = 0;
+      if (plan.ok()) {
+        auto ranges =
+            StoredRangesOf(SourceOf(**reader), plan->items, plan->pieces, c.rank, c.opts.rounds);
+        for (const StoredRange& x : ranges.ok() ? *ranges : std::vector<StoredRange>{}) {
+          planned += x.end - x.begin;
+        }
+      }
+      c.results["remote.dist.planned"] = {static_cast<double>(planned)};
+      if (bad == 0) c.Note("remote: " + std::to_string(out->size()) + " tensors bit-exact");
+    } else {
+      c.results["remote.dist"].push_back(secs);
+    }
+    out->clear();
+  }
+
   std::string report;
   bool own = NvmlOwnGpuOnly(c.device, c.rank, &report);
   c.Note("NVML " + report);
@@ -859,6 +940,8 @@ int ParentBench(Options o, int nccl_version) {
     rows.push_back({"cold: each reads all, page cache forced", "cold.base_pagecache"});
     rows.push_back({"cold (" + o.cold_dir + "): distributed", "cold.dist"});
   }
+  if (!o.remote.empty())
+    rows.push_back({"remote (" + PrintableUrl(o.remote) + "): distributed", "remote.dist"});
   std::map<std::string, double> median_wall;
   for (const Row& row : rows) {
     std::vector<double> worst = slowest(row.key);
@@ -879,6 +962,18 @@ int ParentBench(Options o, int nccl_version) {
     }
     std::printf("\n");
   }
+  if (!o.remote.empty()) {
+    for (int r = 0; r < o.ranks; ++r) {
+      auto get = [&](const char* k) { return res[r][k].empty() ? NAN : res[r][k][0]; };
+      std::printf(
+          "remote, rank %d: fetched %.3f GB of the %.3f GB object (%.3f of it; 1/%d = %.3f; "
+          "planned share %.3f GB), tensor bytes read %.3f GB, bit-exact %s\n",
+          r, get("remote.dist.fetched") / 1e9, get("remote.dist.object") / 1e9,
+          get("remote.dist.fetched") / get("remote.dist.object"), o.ranks, 1.0 / o.ranks,
+          get("remote.dist.planned") / 1e9, get("remote.dist.read") / 1e9,
+          get("remote.dist.exact") == 1 ? "yes" : "NO");
+    }
+  }
   std::printf(
       "\nceilings on this machine (docs/DISTRIBUTED.md): 55 GB/s pinned host->device per "
       "GPU, ~570 GB/s NCCL all_gather per rank, 1.5-1.8 GB/s cold disk reads\n");
@@ -888,6 +983,9 @@ int ParentBench(Options o, int nccl_version) {
     for (const char* k : {"hot.base.exact", "hot.dist.exact"})
       exact = exact && !r[k].empty() && r[k][0] == 1;
     if (o.cold) exact = exact && !r["cold.dist.exact"].empty() && r["cold.dist.exact"][0] == 1;
+    if (!o.remote.empty()) {
+      exact = exact && !r["remote.dist.exact"].empty() && r["remote.dist.exact"][0] == 1;
+    }
     nvml = nvml && !r["nvml_ok"].empty() && r["nvml_ok"][0] == 1;
   }
   double hot_rate = gb / median_wall["hot.dist"];

@@ -504,12 +504,22 @@ typedef struct ferry_reader_options_t {
   size_t struct_size;
   /* Check every tensor's checksums at open (reads the whole file). */
   int32_t verify_on_open;
+  /* http://, https:// and s3:// paths (docs/STORAGE.md); 0 or NULL keeps the default, which
+   * the environment may set (AWS_* variables, AWS_CA_BUNDLE, CURL_CA_BUNDLE, SSL_CERT_FILE).
+   * ca_bundle: PEM file of the certificate authorities to trust (copied at open). */
+  const char* ca_bundle;
+  int32_t max_attempts;  /* attempts of one request before its error is returned (5) */
+  int32_t max_in_flight; /* range GETs at once (8) */
+  uint64_t piece_bytes;  /* bytes per range GET (8 MiB) */
 } ferry_reader_options_t;
 
 FERRY_API void ferry_reader_options_init(ferry_reader_options_t* options);
 
-/* Maps the file, checks trailer and footer and validates the index. FERRY_NOT_FOUND or
- * FERRY_IO_ERROR for file trouble, FERRY_DATA_LOSS for any malformed byte. */
+/* Opens `path`: a local file (mapped, or read with pread on network file systems), an
+ * http:// or https:// URL, or an s3://bucket/key object (parallel range GETs, ETag pinned).
+ * Checks trailer and footer and validates the index. FERRY_NOT_FOUND or FERRY_IO_ERROR for
+ * file or network trouble, FERRY_INVALID_ARGUMENT for an unsupported URL, FERRY_DATA_LOSS for
+ * any malformed byte. */
 FERRY_API int ferry_reader_open(const char* path, const ferry_reader_options_t* options,
                                 ferry_reader_t** out, ferry_error_t* error);
 FERRY_API void ferry_reader_free(ferry_reader_t* reader);

@@ -394,10 +394,23 @@ class FERRY_API Writer {
 
 // ---- Reader ----------------------------------------------------------------------------
 
+// How checkpoints named by http://, https:// and s3:// URLs are read (docs/STORAGE.md). Zero
+// or empty keeps the default, which the environment may set: the AWS_* variables and shared
+// files for s3:// (credentials, region, endpoint, addressing, AWS_CA_BUNDLE), CURL_CA_BUNDLE
+// or SSL_CERT_FILE for the certificate authorities. Local paths ignore these.
+struct StorageOptions {
+  // PEM file of the certificate authorities to trust (TLS peers are always verified).
+  std::string ca_bundle;
+  int max_attempts = 0;      // attempts of one request before its error is returned (5)
+  int max_in_flight = 0;     // range GETs at once, and connections kept open (8)
+  uint64_t piece_bytes = 0;  // bytes per range GET (8 MiB)
+};
+
 struct ReaderOptions {
   // Check every tensor's checksums at open (reads the whole file). Off: checksums are
   // checked when asked (ReadOptions::verify, Reader::Verify).
   bool verify_on_open = false;
+  StorageOptions storage;
 };
 
 struct ReadOptions {
@@ -421,8 +434,11 @@ class ByteSource;   // internal: where a Reader's bytes come from
 
 class FERRY_API Reader {
  public:
-  // Maps `path`, reads trailer and footer, verifies and validates the index. Fails with
-  // NotFound / IoError for file trouble and DataLoss for any malformed byte.
+  // Opens `path`: a local file (mapped, or read with pread on network file systems), an
+  // http:// or https:// URL, or an s3://bucket/key object (read with parallel range GETs, its
+  // ETag pinned: an object replaced while open is DataLoss). Reads trailer and footer, verifies
+  // and validates the index. Fails with NotFound / IoError for file or network trouble,
+  // InvalidArgument for an unsupported URL, and DataLoss for any malformed byte.
   static Result<std::shared_ptr<Reader>> Open(const std::string& path, ReaderOptions = {});
   ~Reader();
 

@@ -101,6 +101,13 @@ int ToReaderOptions(const ferry_reader_options_t* options, const char* fn, ferry
                 ferry::StrCat(fn, ": options->struct_size is not set"));
   }
   o->verify_on_open = options->verify_on_open != 0;
+  ferry::StorageOptions& storage = o->storage;
+  if (FERRY_C_HAS(options, ca_bundle) && options->ca_bundle != nullptr) {
+    storage.ca_bundle = options->ca_bundle;
+  }
+  if (FERRY_C_HAS(options, max_attempts)) storage.max_attempts = options->max_attempts;
+  if (FERRY_C_HAS(options, max_in_flight)) storage.max_in_flight = options->max_in_flight;
+  if (FERRY_C_HAS(options, piece_bytes)) storage.piece_bytes = options->piece_bytes;
   return FERRY_OK;
 }
 

@@ -24,6 +24,7 @@
 #include "codec/planes.hpp"
 #include "ferry/loader.hpp"
 #include "format/block_source.hpp"
+#include "io/source.hpp"
 
 #ifdef FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -557,6 +558,14 @@ int RunBench(const BenchOptions& options) {
                ", kv ", layout.kv, ", ", layout.layers, " layers, vocab ", layout.vocab);
   }
 
+  const bool remote = IsRemoteName(path);
+  if (remote && options.cold) {
+    std::fprintf(stderr,
+                 "ferry bench: --cold evicts a local file from the page cache; %s is read from "
+                 "its server on every load\n",
+                 Printable(PrintableUrl(path)).c_str());
+    return kExitUsage;
+  }
   auto opened = Reader::Open(path);
   if (!opened.ok()) return Fail(opened.status());
   const Reader& reader = **opened;
@@ -571,7 +580,7 @@ int RunBench(const BenchOptions& options) {
   double resident_before = 1;
   if (options.cold) {
     resident_before = EvictFromPageCache(path, reader);
-  } else {
+  } else if (!remote) {  // an object is fetched again by every load: nothing to warm
     WarmPageCache(reader);
   }
 
@@ -660,6 +669,7 @@ int RunBench(const BenchOptions& options) {
   std::printf("stored      %s for %s of tensors: ratio %.3fx (%s)\n", HumanBytes(stored).c_str(),
               HumanBytes(bytes).c_str(), stored ? static_cast<double>(bytes) / stored : 0.0,
               encodings.c_str());
+  std::printf("read        %s\n", Printable(BlocksOf(reader).bytes().Describe()).c_str());
   std::string threads_desc =
       options.threads > 0 ? std::to_string(options.threads) : std::string("auto");
   std::printf("loader      threads %s, slot %d MiB, staging %d MiB, path %s, io %s%s, %s\n",

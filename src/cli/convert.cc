@@ -8,11 +8,12 @@
 #include <map>
 #include <set>
 
-#include "format/block_source.hpp"
-#include "cli.hpp"
-#include "fp8_json.hpp"
-#include "format/safetensors.hpp"
 #include "base/util.hpp"
+#include "cli.hpp"
+#include "format/block_source.hpp"
+#include "format/safetensors.hpp"
+#include "fp8_json.hpp"
+#include "io/source.hpp"
 
 namespace ferry::cli {
 
@@ -274,6 +275,10 @@ Status ToSafetensors(const std::vector<Source>& sources, const std::vector<Item>
 }
 
 uint64_t FileSize(const std::string& path) {
+  if (IsRemoteName(path)) {
+    auto object = OpenSource(path, {});
+    return object.ok() ? (*object)->size() : 0;
+  }
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }

@@ -8,10 +8,16 @@
 #include "cli.hpp"
 #include "format/block_source.hpp"
 #include "fp8_json.hpp"
+#include "io/source.hpp"
 
 namespace ferry::cli {
 
 namespace {
+
+// A URL without its query (a presigned URL's signature) or user information; paths as given.
+std::string Shown(const std::string& path) {
+  return IsRemoteName(path) ? PrintableUrl(path) : path;
+}
 
 std::string Floats(const float* v, size_t n, size_t limit = 8) {
   std::ostringstream out;
@@ -69,7 +75,7 @@ int RunInspect(const InspectOptions& options) {
 
   if (options.json) {
     Json j = Json::object();
-    j["path"] = reader.path();
+    j["path"] = Shown(reader.path());
     j["format"] = format;
     if (!blocks.safetensors()) j["format_version"] = reader.format_version();
     j["producer"] = reader.producer();
@@ -105,7 +111,7 @@ int RunInspect(const InspectOptions& options) {
     return kExitOk;
   }
 
-  std::printf("file       %s\n", reader.path().c_str());
+  std::printf("file       %s\n", Printable(Shown(reader.path())).c_str());
   if (blocks.safetensors()) {
     std::printf("format     safetensors\n");
   } else {

@@ -206,4 +206,56 @@ Result<DistPlan> MakeDistPlan(const PlanSource& src,
   return plan;
 }
 
+Result<std::vector<StoredRange>> StoredRangesOf(const PlanSource& src,
+                                                const std::vector<PlanEntry>& items,
+                                                const std::vector<PlanPiece>& pieces, int rank,
+                                                int rounds) {
+  std::vector<StoredRange> out;
+  for (const auto& round : PiecesOf(pieces, rank, rounds)) {
+    for (const PlanPiece* p : round) {
+      const PlanEntry& m = items[p->item];
+      const BlockSource& r = BlocksOf(*src.shards[m.shard]);
+      auto [row_begin, row_end] = PieceRows(m, *p);
+      FERRY_ASSIGN_OR_RETURN(Extent e, r.Locate(m.tensor, row_begin, row_end));
+      const uint64_t begin = e.begin, end = e.begin + e.len;
+      const uint64_t blocks = r.NumBlocks(m.tensor);
+      // The first block that ends after `begin` (blocks lie in raw order).
+      uint64_t lo = 0, hi = blocks;
+      while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        StoredBlock b = r.Block(m.tensor, mid);
+        if (b.raw_offset + b.raw_size <= begin) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      for (uint64_t k = lo; k < blocks; ++k) {
+        StoredBlock b = r.Block(m.tensor, k);
+        if (b.raw_offset >= end) break;
+        if (b.compressed || b.planes) {
+          out.push_back({m.shard, b.file_offset, b.file_offset + b.stored_size});
+        } else {
+          uint64_t from = std::max(begin, b.raw_offset) - b.raw_offset;
+          uint64_t to = std::min(end, b.raw_offset + b.raw_size) - b.raw_offset;
+          out.push_back({m.shard, b.file_offset + from, b.file_offset + to});
+        }
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const StoredRange& a, const StoredRange& b) {
+    return std::tie(a.shard, a.begin, a.end) < std::tie(b.shard, b.begin, b.end);
+  });
+  std::vector<StoredRange> joined;
+  for (const StoredRange& x : out) {
+    if (x.begin == x.end) continue;
+    if (!joined.empty() && joined.back().shard == x.shard && x.begin <= joined.back().end) {
+      joined.back().end = std::max(joined.back().end, x.end);
+    } else {
+      joined.push_back(x);
+    }
+  }
+  return joined;
+}
+
 }  // namespace ferry

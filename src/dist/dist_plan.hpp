@@ -115,6 +115,23 @@ struct DistPlan {
   std::vector<std::vector<PlanBroadcast>> broadcasts;  // per segment
 };
 
+// Stored bytes [begin, end) of one shard's file.
+struct StoredRange {
+  uint32_t shard = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// The stored bytes a rank's pieces are read from, sorted by shard and offset, neighbours
+// joined: of a raw block, exactly the bytes of its rows; an encoded block whole (so a block cut
+// between two ranks is fetched by both). A rank whose checkpoint is remote requests these from
+// the server, besides the opening request and the footer every rank reads; with block
+// verification on, the raw blocks cut by a piece are read whole too, which is not counted here.
+Result<std::vector<StoredRange>> StoredRangesOf(const PlanSource& src,
+                                                const std::vector<PlanEntry>& items,
+                                                const std::vector<PlanPiece>& pieces, int rank,
+                                                int rounds);
+
 // Resolve, lay out, check (when `check` is set: AgreeOnPlan through it) and split.
 Result<DistPlan> MakeDistPlan(const PlanSource& src,
                               const std::vector<DistributedRequest>& requests, int rank, int nranks,

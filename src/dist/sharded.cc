@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,9 +13,11 @@
 #include <set>
 
 #include "base/util.hpp"
+#include "base/worker_pool.hpp"
 #include "format/block_source.hpp"
 #include "format/checkpoint_index.hpp"
 #include "io/io.hpp"
+#include "io/source.hpp"
 #include "io/temp_file.hpp"
 
 namespace ferry {
@@ -73,14 +76,35 @@ ShardedCheckpoint::~ShardedCheckpoint() = default;
 Result<std::shared_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::string& index_path,
                                                                    ReaderOptions options) {
   auto impl = std::make_unique<Impl>();
-  impl->path = index_path;
-  FERRY_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(index_path));
+  FERRY_ASSIGN_OR_RETURN(CheckpointIndex index,
+                         ReadCheckpointIndex(index_path, ToSourceOptions(options.storage)));
+  impl->path = index.path;
   impl->metadata = std::move(index.metadata);
-  for (size_t s = 0; s < index.shard_files.size(); ++s) {
-    FERRY_ASSIGN_OR_RETURN(auto reader, Reader::Open(index.ShardPath(s), options));
-    impl->shards.push_back(std::move(reader));
-    impl->shard_names.push_back(index.shard_files[s]);
+  const size_t n = index.shard_files.size();
+  impl->shards.resize(n);
+  impl->shard_names = index.shard_files;
+  // Each remote open costs round trips (the opening request, then the footer): shards on an
+  // object store open a few at a time. Local files open in order, as fast as that.
+  const int threads = IsRemoteName(index_path) ? static_cast<int>(std::min<size_t>(n, 8)) : 1;
+  std::vector<Status> failed(n);
+  std::atomic<size_t> next{0};
+  auto open_shards = [&](int) {
+    for (size_t s; (s = next.fetch_add(1)) < n;) {
+      auto reader = Reader::Open(index.ShardPath(s), options);
+      if (reader.ok()) {
+        impl->shards[s] = std::move(reader).value();
+      } else {
+        failed[s] = reader.status();
+      }
+    }
+  };
+  if (threads > 1) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerPool> pool, WorkerPool::Create(threads));
+    pool->Run(open_shards);
+  } else {
+    open_shards(0);
   }
+  for (const Status& st : failed) FERRY_RETURN_IF_ERROR(st);
   size_t in_shards = 0;
   for (const auto& r : impl->shards) in_shards += r->num_tensors();
   impl->entries.reserve(index.weight_map.size());

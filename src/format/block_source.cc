@@ -178,6 +178,20 @@ Status BlockSource::ReadStoredRange(size_t i, uint64_t offset, uint64_t len, uin
   return st.ok() ? st : ReadFailed(i, st);
 }
 
+Status BlockSource::ReadStoredRanges(std::span<const StoredRange> ranges) const {
+  if (ranges.empty()) return Status::Ok();
+  std::vector<ReadRange> reads;
+  reads.reserve(ranges.size());
+  bool one_tensor = true;
+  for (const StoredRange& r : ranges) {
+    reads.push_back(r.range);
+    one_tensor = one_tensor && r.tensor == ranges.front().tensor;
+  }
+  Status st = bytes_->ReadRanges(reads);
+  // Several tensors: the source's message names the offset that failed.
+  return st.ok() || !one_tensor ? st : ReadFailed(ranges.front().tensor, st);
+}
+
 Status BlockSource::ReadStored(size_t i, uint64_t b, uint8_t* dst) const {
   const StoredBlock s = Block(i, b);
   if (mapping_ == nullptr) return ReadStoredRange(i, s.file_offset, s.stored_size, dst);

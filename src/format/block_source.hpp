@@ -129,6 +129,14 @@ class BlockSource {
   // Copies file bytes [offset, offset + len) of raw tensor i into dst as they are stored
   // (from the source, never the mapping: one-shot loads avoid faulting in a mapping used once).
   Status ReadStoredRange(size_t i, uint64_t offset, uint64_t len, uint8_t* dst) const;
+  // Many ReadStoredRange calls as one ByteSource::ReadRanges, so a remote source keeps them
+  // in flight together (and joins neighbours into one request). `tensor` names the tensor
+  // each range belongs to in messages.
+  struct StoredRange {
+    size_t tensor = 0;
+    ReadRange range;
+  };
+  Status ReadStoredRanges(std::span<const StoredRange> ranges) const;
   // Copies block b's stored bytes (Block(i, b).stored_size of them) into dst, undecoded.
   Status ReadStored(size_t i, uint64_t b, uint8_t* dst) const;
   // Checks every block of raw tensor i that overlaps raw bytes [begin, begin + len). Blocks
@@ -187,6 +195,9 @@ class BlockSource {
   std::shared_ptr<const Mapping> mapping_;
   Index index_;
 };
+
+// The source options a Reader's StorageOptions ask for.
+SourceOptions ToSourceOptions(const StorageOptions& storage);
 
 // Opens a Reader over `bytes` (Reader::Open is this over OpenSource(path)).
 Result<std::shared_ptr<Reader>> OpenReader(std::shared_ptr<const ByteSource> bytes,

@@ -17,13 +17,12 @@ constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
 
 // Through the byte-source seam, like the shards it names: an index on a network file system
 // or behind a URL is read as they are. Read once, so never mapped.
-Result<std::string> ReadIndexText(const std::string& path) {
-  SourceOptions options;
+Result<std::string> ReadIndexText(const std::string& path, SourceOptions options) {
   options.allow_mmap = false;
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ByteSource> bytes, OpenSource(path, options));
   const uint64_t size = bytes->size();
   if (size > kMaxIndexBytes) {
-    return Error(StatusCode::kDataLoss, path, ": checkpoint index of ", size,
+    return Error(StatusCode::kDataLoss, bytes->name(), ": checkpoint index of ", size,
                  " bytes exceeds the limit of ", kMaxIndexBytes);
   }
   std::string text(size, '\0');
@@ -55,11 +54,13 @@ std::string DirOf(const std::string& path) {
   return path.substr(0, slash);
 }
 
-Result<CheckpointIndex> ReadCheckpointIndex(const std::string& path) {
+Result<CheckpointIndex> ReadCheckpointIndex(const std::string& location,
+                                            const SourceOptions& options) {
+  const std::string path = IsRemoteName(location) ? PrintableUrl(location) : location;
   auto fail = [&](const std::string& what) {
     return Error(StatusCode::kDataLoss, path, ": bad checkpoint index: ", what);
   };
-  FERRY_ASSIGN_OR_RETURN(std::string text, ReadIndexText(path));
+  FERRY_ASSIGN_OR_RETURN(std::string text, ReadIndexText(location, options));
   nlohmann::json doc;
   StrictJsonOptions json;
   // root > metadata > a structured metadata value may nest a little; nothing needs more.
@@ -75,7 +76,7 @@ Result<CheckpointIndex> ReadCheckpointIndex(const std::string& path) {
   }
   CheckpointIndex index;
   index.path = path;
-  index.dir = DirOf(path);
+  index.location = location;
   if (auto md = doc.find("metadata"); md != doc.end()) {
     if (!md->is_object()) return fail("\"metadata\" is not an object");
     for (const auto& [key, value] : md->items()) {

@@ -12,12 +12,13 @@
 #include <vector>
 
 #include "ferry/status.hpp"
+#include "io/url.hpp"
 
 namespace ferry {
 
 struct CheckpointIndex {
-  std::string path;
-  std::string dir;  // the index's directory, which every shard lies in
+  std::string path;      // as messages print it (a URL without its query string)
+  std::string location;  // as given: shards lie beside it (SiblingName)
   // Shard file names as the index writes them, unique, in byte order: every process numbers
   // the shards alike.
   std::vector<std::string> shard_files;
@@ -26,12 +27,14 @@ struct CheckpointIndex {
   // "metadata", values as JSON text unless they are strings.
   std::vector<std::pair<std::string, std::string>> metadata;
 
-  std::string ShardPath(size_t shard) const { return dir + "/" + shard_files[shard]; }
+  std::string ShardPath(size_t shard) const { return SiblingName(location, shard_files[shard]); }
 };
 
-// Reads and validates an index file. Every error is DataLoss (NotFound / IoError for the file
-// itself) and reads "<path>: bad checkpoint index: <what>".
-Result<CheckpointIndex> ReadCheckpointIndex(const std::string& path);
+// Reads and validates an index file, a local path or a URL (through OpenSource with
+// `options`). Every error is DataLoss (NotFound / IoError for the file itself) and reads
+// "<path>: bad checkpoint index: <what>".
+Result<CheckpointIndex> ReadCheckpointIndex(const std::string& path,
+                                            const SourceOptions& options = {});
 
 // True when `name` stays inside a directory: relative, and no component empty, "." or "..".
 // A hostile index must not make the process open /etc/shadow or ../../other_job/ckpt.

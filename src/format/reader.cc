@@ -724,8 +724,18 @@ Result<std::shared_ptr<Reader>> OpenReader(std::shared_ptr<const ByteSource> byt
   return reader;
 }
 
+SourceOptions ToSourceOptions(const StorageOptions& storage) {
+  SourceOptions out;
+  out.ca_bundle = storage.ca_bundle;
+  out.max_attempts = storage.max_attempts;
+  out.max_in_flight = storage.max_in_flight;
+  out.piece_bytes = storage.piece_bytes;
+  return out;
+}
+
 Result<std::shared_ptr<Reader>> Reader::Open(const std::string& path, ReaderOptions options) {
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ByteSource> bytes, OpenSource(path));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<ByteSource> bytes,
+                         OpenSource(path, ToSourceOptions(options.storage)));
   return OpenReader(std::move(bytes), options);
 }
 

@@ -16,6 +16,8 @@
 #include "ferry_generated.h"
 #include "format/checkpoint_index.hpp"
 #include "format/format.hpp"
+#include "io/remote_sink.hpp"
+#include "io/source.hpp"
 #include "io/temp_file.hpp"
 
 namespace ferry {
@@ -354,6 +356,9 @@ struct SafetensorsWriter::State {
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
   File file;         // the temporary file; messages name `dest`
   File lock;         // its lock (io/temp_file.hpp), held until the rename or the removal
+  // Instead of the file, for an s3:// destination: written in order, visible at Commit, and
+  // abandoned (the previous object kept) when destroyed before.
+  std::unique_ptr<RemoteSink> upload;
   bool durable = true;
   bool spent = false;
   uint64_t header_bytes = 0;
@@ -364,9 +369,14 @@ struct SafetensorsWriter::State {
   void Abort() {
     if (spent) return;
     spent = true;
+    upload.reset();
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
     (void)lock.Close();
+  }
+  Status WriteAll(const void* data, size_t size) {
+    return upload ? upload->Append(static_cast<const uint8_t*>(data), size)
+                  : file.WriteAll(data, size);
   }
 };
 
@@ -451,17 +461,21 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   auto state = std::make_unique<State>();
   state->path = path;
   state->durable = durable;
-  FERRY_ASSIGN_OR_RETURN(state->dest, ReplaceTarget(path));
-  SweepStaleTemps(state->dest);
-  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(state->dest));
-  state->file = std::move(temp.file);
-  state->tmp_path = std::move(temp.path);
-  state->lock = std::move(temp.lock);
+  if (IsRemoteName(path)) {
+    FERRY_ASSIGN_OR_RETURN(state->upload, OpenRemoteSink(path));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(state->dest, ReplaceTarget(path));
+    SweepStaleTemps(state->dest);
+    FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(state->dest));
+    state->file = std::move(temp.file);
+    state->tmp_path = std::move(temp.path);
+    state->lock = std::move(temp.lock);
+  }
   uint64_t len = text.size();
   uint8_t prefix[8];
   std::memcpy(prefix, &len, 8);
-  FERRY_RETURN_IF_ERROR(state->file.WriteAll(prefix, 8));
-  FERRY_RETURN_IF_ERROR(state->file.WriteAll(text.data(), text.size()));
+  FERRY_RETURN_IF_ERROR(state->WriteAll(prefix, 8));
+  FERRY_RETURN_IF_ERROR(state->WriteAll(text.data(), text.size()));
   state->header_bytes = 8 + len;
   state->data_bytes = offset;
   return SafetensorsWriter(std::move(state));
@@ -476,7 +490,7 @@ Status SafetensorsWriter::Write(const void* data, size_t size) {
                  " bytes at data offset ", state_->written, " runs past the ", state_->data_bytes,
                  " bytes the header describes");
   }
-  Status st = state_->file.WriteAll(data, size);
+  Status st = state_->WriteAll(data, size);
   if (!st.ok()) {
     state_->Abort();
     return st;
@@ -497,6 +511,15 @@ Status SafetensorsWriter::Commit() {
                  " data bytes written");
   }
   Status st;
+  if (s.upload) {
+    st = s.upload->Commit();
+    if (!st.ok()) {
+      s.Abort();
+      return st;
+    }
+    s.spent = true;
+    return Status::Ok();
+  }
   if (s.durable) st = s.file.Sync();
   if (st.ok()) st = KeepPermissions(s.file, s.dest);
   if (st.ok()) st = s.file.Close();
@@ -523,7 +546,7 @@ uint64_t SafetensorsWriter::header_bytes() const { return state_ ? state_->heade
 Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
   FERRY_ASSIGN_OR_RETURN(CheckpointIndex parsed, ReadCheckpointIndex(path));
   SafetensorsIndex index;
-  index.path = path;
+  index.path = parsed.path;
   for (size_t s = 0; s < parsed.shard_files.size(); ++s)
     index.shards.push_back(parsed.ShardPath(s));
   index.weight_map.reserve(parsed.weight_map.size());

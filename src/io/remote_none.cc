@@ -1,6 +1,7 @@
-// OpenRemoteSource for builds without an HTTP client (src/io/remote.hpp).
+// OpenRemoteSource and OpenRemoteSink for builds without an HTTP client (src/io/remote.hpp).
 #include "base/util.hpp"
 #include "io/remote.hpp"
+#include "io/remote_sink.hpp"
 
 namespace ferry {
 
@@ -9,6 +10,11 @@ Result<std::shared_ptr<ByteSource>> OpenRemoteSource(const std::string& url,
   (void)options;
   return Error(StatusCode::kUnimplemented, PrintableUrl(url),
                ": this build of TensorFerry reads no remote storage (built without libcurl)");
+}
+
+Result<std::unique_ptr<RemoteSink>> OpenRemoteSink(const std::string& url) {
+  return Error(StatusCode::kUnimplemented, PrintableUrl(url),
+               ": this build of TensorFerry writes no remote storage (built without libcurl)");
 }
 
 }  // namespace ferry

@@ -17,6 +17,8 @@ namespace ferry {
 namespace {
 
 constexpr size_t kMaxErrorBody = 4096;
+// Ranges of one ReadRanges call this close (and within one piece) go out as one request.
+constexpr uint64_t kJoinGap = uint64_t{128} << 10;
 
 bool ParseNumber(std::string_view s, uint64_t* out) {
   if (s.empty() || s.size() > 19) return false;
@@ -190,12 +192,16 @@ class CheckedCall : public HttpCall {
   std::string error_body_;
 };
 
-// One range GET of [offset, offset + len) into dst, resumed after a failed attempt from the
+// One range GET of [offset, offset + len), its bytes delivered to the segments (in order,
+// inside the range; bytes between them are dropped), resumed after a failed attempt from the
 // first byte not yet received.
 class RemoteObjectSource::RangeCall : public CheckedCall {
  public:
-  RangeCall(const RemoteObjectSource* src, uint64_t offset, uint64_t len, uint8_t* dst)
-      : src_(src), offset_(offset), len_(len), dst_(dst) {}
+  RangeCall(const RemoteObjectSource* src, std::vector<ReadRange> segments)
+      : src_(src),
+        offset_(segments.front().offset),
+        len_(segments.back().offset + segments.back().len - segments.front().offset),
+        segments_(std::move(segments)) {}
 
   Status Prepare(int, HttpRequest* request) override {
     Reset();
@@ -260,14 +266,25 @@ class RemoteObjectSource::RangeCall : public CheckedCall {
   }
   uint64_t Room() const override { return len_ - done_; }
   void Take(const uint8_t* data, size_t size) override {
-    std::memcpy(dst_ + done_, data, size);
+    uint64_t pos = offset_ + done_;
+    const uint64_t end = pos + size;
     done_ += size;
+    while (pos < end && next_ < segments_.size()) {
+      const ReadRange& s = segments_[next_];
+      const uint64_t upto =
+          pos < s.offset ? std::min(end, s.offset) : std::min(end, s.offset + s.len);
+      if (pos >= s.offset) std::memcpy(s.dst + (pos - s.offset), data, upto - pos);
+      data += upto - pos;
+      pos = upto;
+      if (pos == s.offset + s.len) ++next_;
+    }
   }
 
   const RemoteObjectSource* src_;
   uint64_t offset_;
   uint64_t len_;
-  uint8_t* dst_;
+  std::vector<ReadRange> segments_;  // by offset, disjoint
+  size_t next_ = 0;                  // the first segment not yet complete
   uint64_t done_ = 0;
 };
 
@@ -354,8 +371,7 @@ Status RemoteObjectSource::Probe() {
 }
 
 Status RemoteObjectSource::ReadRanges(std::span<const ReadRange> ranges) const {
-  std::vector<std::unique_ptr<RangeCall>> calls;
-  std::vector<HttpCall*> ptrs;
+  std::vector<ReadRange> wanted;
   for (const ReadRange& r : ranges) {
     if (r.len == 0) continue;
     uint64_t end = 0;
@@ -368,17 +384,40 @@ Status RemoteObjectSource::ReadRanges(std::span<const ReadRange> ranges) const {
       continue;
     }
     for (uint64_t done = 0; done < r.len; done += options_.piece_bytes) {
-      uint64_t n = std::min(options_.piece_bytes, r.len - done);
-      calls.push_back(std::make_unique<RangeCall>(this, r.offset + done, n, r.dst + done));
-      ptrs.push_back(calls.back().get());
+      wanted.push_back(
+          ReadRange{r.offset + done, std::min(options_.piece_bytes, r.len - done), r.dst + done});
     }
+  }
+  // Neighbours share a request: a round trip costs more than the few bytes between them.
+  std::stable_sort(wanted.begin(), wanted.end(),
+                   [](const ReadRange& a, const ReadRange& b) { return a.offset < b.offset; });
+  std::vector<std::unique_ptr<RangeCall>> calls;
+  std::vector<HttpCall*> ptrs;
+  for (size_t i = 0; i < wanted.size();) {
+    std::vector<ReadRange> segments{wanted[i]};
+    uint64_t end = wanted[i].offset + wanted[i].len;
+    for (++i; i < wanted.size(); ++i) {
+      const ReadRange& r = wanted[i];
+      if (r.offset < end || r.offset - end > kJoinGap ||
+          r.offset + r.len - segments.front().offset > options_.piece_bytes) {
+        break;
+      }
+      segments.push_back(r);
+      end = r.offset + r.len;
+    }
+    calls.push_back(std::make_unique<RangeCall>(this, std::move(segments)));
+    ptrs.push_back(calls.back().get());
   }
   return client_->Run(ptrs);
 }
 
 std::string Describe(const char* what, const RemoteOptions& options) {
-  return StrCat(what, ", ", options.http.max_in_flight, " in flight, ", options.piece_bytes >> 20,
-                " MiB each");
+  const uint64_t piece = options.piece_bytes;
+  return StrCat(what, ", ", options.http.max_in_flight, " in flight, ",
+                piece % (1 << 20) == 0   ? StrCat(piece >> 20, " MiB")
+                : piece % (1 << 10) == 0 ? StrCat(piece >> 10, " KiB")
+                                         : StrCat(piece, " bytes"),
+                " each");
 }
 
 Result<std::shared_ptr<ByteSource>> Finish(std::shared_ptr<RemoteObjectSource> source) {
@@ -446,20 +485,37 @@ Result<std::shared_ptr<ByteSource>> OpenS3Source(const std::string& url,
                                                      Describe(how.c_str(), opts)));
 }
 
+Result<RemoteOptions> WithSourceOptions(RemoteOptions base, const SourceOptions& options) {
+  if (options.max_attempts < 0 || options.max_attempts > kMaxAttempts ||
+      options.max_in_flight < 0 || options.max_in_flight > kMaxInFlight) {
+    return Error(StatusCode::kInvalidArgument, "storage options: max_attempts ",
+                 options.max_attempts, " and max_in_flight ", options.max_in_flight,
+                 " must lie in [0, ", kMaxAttempts, "] and [0, ", kMaxInFlight,
+                 "] (0: the default)");
+  }
+  if (!options.ca_bundle.empty()) base.http.ca_bundle = options.ca_bundle;
+  if (options.max_attempts > 0) base.http.max_attempts = options.max_attempts;
+  if (options.max_in_flight > 0) base.http.max_in_flight = options.max_in_flight;
+  if (options.piece_bytes > 0) base.piece_bytes = options.piece_bytes;
+  return base;
+}
+
 Result<std::shared_ptr<ByteSource>> OpenRemoteSource(const std::string& url,
                                                      const SourceOptions& options) {
-  (void)options;
   EnvLookup env = ProcessEnvironment();
   std::string scheme = url.substr(0, 5);
   for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  RemoteOptions opts = DefaultRemoteOptions(env);
   if (scheme == "s3://") {
     FERRY_ASSIGN_OR_RETURN(AwsSettings settings, ResolveAwsSettings(env));
-    // AWS_CA_BUNDLE (in the settings) first, then the variables curl users set.
-    RemoteOptions opts = DefaultRemoteOptions(env);
+    // AWS_CA_BUNDLE (in the settings) first, then the variables curl users set; a bundle
+    // given in code beats both.
     if (!settings.ca_bundle.empty()) opts.http.ca_bundle = settings.ca_bundle;
+    FERRY_ASSIGN_OR_RETURN(opts, WithSourceOptions(std::move(opts), options));
     return OpenS3Source(url, settings, opts);
   }
-  return OpenHttpSource(url, DefaultRemoteOptions(env));
+  FERRY_ASSIGN_OR_RETURN(opts, WithSourceOptions(std::move(opts), options));
+  return OpenHttpSource(url, opts);
 }
 
 }  // namespace ferry

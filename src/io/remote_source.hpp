@@ -31,9 +31,16 @@ struct RemoteOptions {
   uint64_t tail_bytes = uint64_t{64} << 10;
 };
 
-// The options OpenRemoteSource uses: the defaults, with the CA bundle named by
+// The options OpenRemoteSource starts from: the defaults, with the CA bundle named by
 // CURL_CA_BUNDLE or SSL_CERT_FILE (the variables curl and OpenSSL users already set).
 RemoteOptions DefaultRemoteOptions(const EnvLookup& env);
+
+// What SourceOptions set in code, over `base`: every field that is not 0 or empty replaces
+// the base's. InvalidArgument for attempts outside [0, kMaxAttempts] or in-flight counts
+// outside [0, kMaxInFlight].
+inline constexpr int kMaxAttempts = 100;
+inline constexpr int kMaxInFlight = 256;
+Result<RemoteOptions> WithSourceOptions(RemoteOptions base, const SourceOptions& options);
 
 // InvalidArgument for a malformed URL or one with user information (credentials never travel
 // in URLs); NotFound when the server answers 404; IoError for other failures (each naming the

@@ -1,6 +1,8 @@
 // S3 addressing and signing, and the multipart-upload sink.
 #include "io/s3.hpp"
 
+#include <strings.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -423,7 +425,7 @@ Result<std::unique_ptr<RemoteSink>> OpenS3Sink(const std::string& url, const Aws
 }
 
 Result<std::unique_ptr<RemoteSink>> OpenRemoteSink(const std::string& url) {
-  if (url.rfind("s3://", 0) != 0) {
+  if (url.size() < 5 || strncasecmp(url.c_str(), "s3://", 5) != 0) {
     return Error(StatusCode::kInvalidArgument, PrintableUrl(url),
                  ": only s3:// destinations take uploads");
   }

@@ -63,6 +63,14 @@ class ByteSource {
 struct SourceOptions {
   // Local files: map unless the file system is a network one (false: never map).
   bool allow_mmap = true;
+  // Remote sources (http://, https://, s3://); 0 or empty keeps the default, which the
+  // environment may set (remote_source.hpp, aws_config.hpp).
+  // PEM file of the certificate authorities to trust; empty: AWS_CA_BUNDLE (s3:// only), then
+  // CURL_CA_BUNDLE, then SSL_CERT_FILE, else the system's.
+  std::string ca_bundle;
+  int max_attempts = 0;      // attempts of one request before its error is returned (5)
+  int max_in_flight = 0;     // range GETs at once, and connections kept open (8)
+  uint64_t piece_bytes = 0;  // bytes per range GET (8 MiB)
 };
 
 // Opens a local path, an http:// or https:// URL, or an s3://bucket/key object. NotFound for

@@ -149,6 +149,26 @@ std::string UriEncode(std::string_view s, bool keep_slash) {
   return out;
 }
 
+std::string SiblingName(const std::string& base, std::string_view relative) {
+  const bool http = StartsWithNoCase(base, "http://") || StartsWithNoCase(base, "https://");
+  const bool s3 = StartsWithNoCase(base, "s3://");
+  if (!http && !s3) {
+    size_t slash = base.rfind('/');
+    if (slash == std::string::npos) return "./" + std::string(relative);
+    return base.substr(0, slash + 1) + std::string(relative);
+  }
+  std::string_view b = base;
+  const size_t authority = b.find("://") + 3;
+  if (http) b = b.substr(0, b.find_first_of("?#", authority));
+  // The bucket (s3) or host (http) ends the name when no '/' follows it.
+  size_t slash = b.rfind('/');
+  std::string out(
+      b.substr(0, slash == std::string_view::npos || slash < authority ? b.size() : slash));
+  out += '/';
+  out += http ? UriEncode(relative, true) : std::string(relative);
+  return out;
+}
+
 std::string PrintableUrl(const std::string& url_text) {
   std::string_view url = url_text;
   size_t scheme_end = url.find("://");

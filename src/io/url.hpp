@@ -51,6 +51,14 @@ bool IsIpOrLocalhost(std::string_view host);
 // kept, every other byte as %XX in upper-case hex; '/' kept when keep_slash.
 std::string UriEncode(std::string_view s, bool keep_slash);
 
+// What `relative` names beside `base`, for the shards an index lists: `relative` is a plain
+// relative path (no empty, "." or ".." component: checked by the caller). A local path gets a
+// sibling in its directory ("./" prefixed when it has none); an s3:// object a key with the
+// same prefix (taken literally, as keys are); an http(s):// URL the same path level, the
+// relative part percent-encoded ('/' kept) and the query and fragment dropped (a presigned
+// URL's signature covers its own object only).
+std::string SiblingName(const std::string& base, std::string_view relative);
+
 // PrintableUrl (source.hpp) is the URL as messages print it: no user information, query
 // string or fragment, control bytes escaped; defined in url.cc.
 

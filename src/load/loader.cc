@@ -48,14 +48,55 @@ void CountPieces(const std::vector<Piece>& pieces, std::vector<uint32_t>* count)
   for (const Piece& p : pieces) ++(*count)[p.r];
 }
 
-// Workers for a load from `source`: ActiveWorkers, and at least as many as the source wants
-// reads in flight when it is read without a mapping.
-int LoadWorkers(const BlockSource& source, const LoadPlan& plan, int pool_size, bool one_shot) {
-  int active = ActiveWorkers(plan, pool_size, one_shot);
-  if (source.mapping() == nullptr) {
-    active = std::min(pool_size, std::max(active, source.bytes().preferred_parallel_reads()));
+// Workers of loads from sources read without a mapping, at most: each waits on one read.
+constexpr int kMaxReadWorkers = 64;
+
+// Bytes per piece of a host load: a staging slot, or the source's preferred read where it is
+// read without a mapping (remote storage: one range GET per piece).
+uint64_t HostPieceBytes(const BlockSource& source, uint64_t slot_bytes) {
+  if (source.mapping() != nullptr) return slot_bytes;
+  return std::max(slot_bytes, source.bytes().preferred_read_bytes());
+}
+
+// Reads the raw pieces among pieces[first, last) from the source as one ReadStoredRanges,
+// each to dst_of(piece): a remote source keeps them in flight together and joins neighbours
+// into one request, where piece by piece each would cost a round trip.
+template <typename DstOf>
+Status ReadRawPieces(const BlockSource& source, const LoadPlan& plan,
+                     const std::vector<Piece>& pieces, uint32_t first, uint32_t last,
+                     const DstOf& dst_of) {
+  std::vector<BlockSource::StoredRange> ranges;
+  for (uint32_t i = first; i < last; ++i) {
+    const Piece& p = pieces[i];
+    const Resolved& rr = plan.res[p.r];
+    if (rr.info.encoding != Encoding::kRaw || p.len == 0) continue;
+    ranges.push_back({rr.tensor, ReadRange{rr.info.data_offset + p.begin, p.len, dst_of(p)}});
   }
-  return active;
+  return source.ReadStoredRanges(ranges);
+}
+
+// The pieces a host-load worker takes at once, as [first, last): without a mapping, runs of
+// raw pieces of up to the source's preferred read size (read by ReadRawPieces); else one each.
+std::vector<std::pair<uint32_t, uint32_t>> HostRuns(const BlockSource& source, const LoadPlan& plan,
+                                                    const std::vector<Piece>& pieces) {
+  std::vector<std::pair<uint32_t, uint32_t>> runs;
+  const bool gather = source.mapping() == nullptr;
+  const uint64_t limit = source.bytes().preferred_read_bytes();
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < pieces.size(); ++i) {
+    const bool raw = plan.res[pieces[i].r].info.encoding == Encoding::kRaw;
+    const bool join = gather && raw && !runs.empty() && runs.back().second == i &&
+                      plan.res[pieces[i - 1].r].info.encoding == Encoding::kRaw &&
+                      bytes + pieces[i].len <= limit;
+    if (join) {
+      runs.back().second = i + 1;
+      bytes += pieces[i].len;
+    } else {
+      runs.emplace_back(i, i + 1);
+      bytes = pieces[i].len;
+    }
+  }
+  return runs;
 }
 
 #ifdef FERRY_HAVE_CUDA
@@ -184,12 +225,20 @@ Status FillSlot(DeviceJob& job, const Batch& b, uint8_t* slot) {
   how.verify = job.verify;
   how.streaming = job.streaming;
   how.direct = job.direct.is_open() ? &job.direct : nullptr;
+  // Without a mapping the slot's raw pieces are read together, not one round trip each.
+  const bool gathered = job.pread && job.source.mapping() == nullptr;
+  if (gathered) {
+    FERRY_RETURN_IF_ERROR(ReadRawPieces(job.source, job.plan, pieces, b.first, b.last,
+                                        [&](const Piece& p) { return slot + p.soff; }));
+  }
   for (uint32_t i = b.first; i < b.last; ++i) {
     const Piece& p = pieces[i];
     const Resolved& rr = job.plan.res[p.r];
     if (job.pread && rr.info.encoding == Encoding::kRaw) {
-      FERRY_RETURN_IF_ERROR(job.source.ReadStoredRange(rr.tensor, rr.info.data_offset + p.begin,
-                                                       p.len, slot + p.soff));
+      if (!gathered) {
+        FERRY_RETURN_IF_ERROR(job.source.ReadStoredRange(rr.tensor, rr.info.data_offset + p.begin,
+                                                         p.len, slot + p.soff));
+      }
       if (job.verify) {
         FERRY_RETURN_IF_ERROR(job.source.VerifyRange(rr.tensor, p.begin, p.len, slot + p.soff));
       }
@@ -342,9 +391,31 @@ class Loader::Impl {
   bool explicit_threads = false;  // the caller chose the thread count: use all of them
   std::mutex call_mu;
   std::unique_ptr<WorkerPool> pool;
+  std::unique_ptr<WorkerPool> read_pool;  // made for the first source that wants more reads
   LoadStats stats;
   LoaderTuning tuning;
   LoadPhases phases;
+
+  // The workers of a load and how many of them run: ActiveWorkers of the pool (all of it when
+  // the caller chose the thread count); a source read without a mapping keeps
+  // preferred_parallel_reads() reads in flight, one per worker, even past the pool's size
+  // (its workers mostly wait on the network or a network file system).
+  Result<std::pair<WorkerPool*, int>> Workers(const BlockSource& source, const LoadPlan& plan,
+                                              bool one_shot) {
+    const int active =
+        explicit_threads ? pool->size() : ActiveWorkers(plan, pool->size(), one_shot);
+    const int reads =
+        source.mapping() != nullptr
+            ? 0
+            : std::clamp(source.bytes().preferred_parallel_reads(), 1, kMaxReadWorkers);
+    if (reads <= active) return std::make_pair(pool.get(), active);
+    if (reads <= pool->size()) return std::make_pair(pool.get(), reads);
+    if (read_pool == nullptr || read_pool->size() < reads) {
+      read_pool.reset();
+      FERRY_ASSIGN_OR_RETURN(read_pool, WorkerPool::Create(reads));
+    }
+    return std::make_pair(read_pool.get(), reads);
+  }
 
 #ifdef FERRY_HAVE_CUDA
   std::unique_ptr<StagingRing> ring;          // made on the first device load
@@ -445,9 +516,9 @@ class Loader::Impl {
   }
 
   // Runs the workers: mapped groups first, then the ring's batches.
-  Status RunDevice(DeviceJob& job, CUcontext current, int dev, int active) {
+  Status RunDevice(DeviceJob& job, CUcontext current, int dev, WorkerPool& workers, int active) {
     ring->Begin();
-    pool->Run([&](int worker) {
+    workers.Run([&](int worker) {
       if (worker >= active) return;
       // The worker's first CUDA call must find the caller's context, or the runtime would
       // create one on device 0.
@@ -541,8 +612,7 @@ class Loader::Impl {
     DeviceJob job{source, plan,          pieces,         route,
                   direct, cstream,       options.verify, options.streaming_stores,
                   pread,  handover.get()};
-    const int active =
-        explicit_threads ? pool->size() : LoadWorkers(source, plan, pool->size(), one_shot);
+    FERRY_ASSIGN_OR_RETURN(auto workers, Workers(source, plan, one_shot));
 #ifdef FERRY_HAVE_CUDA_KERNELS
     if (nplanes > 0) {
       job.planes = &planes_stage;
@@ -553,7 +623,7 @@ class Loader::Impl {
                          (tuning.planes_read == PlanesRead::kAuto && (pread || route.cold));
     }
 #endif
-    Status ran = RunDevice(job, current, dev, active);
+    Status ran = RunDevice(job, current, dev, *workers.first, workers.second);
     phases.enqueued = SecondsSince(t0);
     const double fill = job.first_fill.load();
     phases.first_fill = fill > 0 ? fill - start : 0;
@@ -593,7 +663,8 @@ class Loader::Impl {
     FERRY_ASSIGN_OR_RETURN(LoadPlan plan, Resolve(source, requests));
     std::vector<LoadedTensor> out;
     FERRY_RETURN_IF_ERROR(AllocateHost(source, plan, &out));
-    const std::vector<Piece> pieces = MakePieces(plan, options.slot_bytes, true);
+    const std::vector<Piece> pieces =
+        MakePieces(plan, HostPieceBytes(source, options.slot_bytes), true);
     std::unique_ptr<Handover> handover;
     if (on_ready != nullptr) {
       std::vector<uint32_t> count(plan.res.size(), 0);
@@ -608,17 +679,31 @@ class Loader::Impl {
     how.direct = direct.is_open() ? &direct : nullptr;
     FirstError error;
     std::atomic<uint64_t> next{0};
-    const int active =
-        explicit_threads ? pool->size() : LoadWorkers(source, plan, pool->size(), false);
-    pool->Run([&](int worker) {
+    const std::vector<std::pair<uint32_t, uint32_t>> runs = HostRuns(source, plan, pieces);
+    FERRY_ASSIGN_OR_RETURN(auto workers, Workers(source, plan, false));
+    const int active = workers.second;
+    auto dst_of = [&](const Piece& p) { return plan.res[p.r].dst + p.dst_off; };
+    workers.first->Run([&](int worker) {
       if (worker >= active) return;
       for (;;) {
         uint64_t k = next.fetch_add(1);
-        if (k >= pieces.size() || error.failed()) return;
-        const Piece& p = pieces[k];
-        const Resolved& rr = plan.res[p.r];
-        Status st = source.Read(rr.tensor, p.begin, p.len, rr.dst + p.dst_off, how);
-        if (st.ok() && handover) st = handover->PieceDone(p.r);
+        if (k >= runs.size() || error.failed()) return;
+        const auto [first, last] = runs[k];
+        Status st;
+        if (last - first > 1) {
+          // Raw pieces read together, then checked where they landed.
+          st = ReadRawPieces(source, plan, pieces, first, last, dst_of);
+          for (uint32_t i = first; st.ok() && how.verify && i < last; ++i) {
+            const Piece& p = pieces[i];
+            st = source.VerifyRange(plan.res[p.r].tensor, p.begin, p.len, dst_of(p));
+          }
+        } else {
+          const Piece& p = pieces[first];
+          st = source.Read(plan.res[p.r].tensor, p.begin, p.len, dst_of(p), how);
+        }
+        for (uint32_t i = first; st.ok() && handover && i < last; ++i) {
+          st = handover->PieceDone(pieces[i].r);
+        }
         if (!st.ok()) error.Set(std::move(st));
       }
     });

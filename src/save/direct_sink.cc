@@ -29,6 +29,16 @@ std::unique_ptr<DirectSink> DirectSink::Open(const std::string& path, File* fall
   return sink;
 }
 
+std::unique_ptr<DirectSink> DirectSink::OpenUpload(std::unique_ptr<RemoteSink> upload) {
+  auto sink = std::unique_ptr<DirectSink>(new DirectSink(-1, upload->name()));
+  if (sink->mem_ == nullptr) return nullptr;
+  std::memset(sink->mem_, 0, format::kFirstDataOffset);
+  std::memcpy(sink->mem_, format::kMagic, format::kMagicSize);
+  sink->filled_[0] = format::kFirstDataOffset;
+  sink->upload_ = std::move(upload);
+  return sink;
+}
+
 DirectSink::DirectSink(int fd, std::string name) : fd_(fd), name_(std::move(name)) {
   mem_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kSegment * kRing));
 }
@@ -84,6 +94,10 @@ Status DirectSink::Finish(uint64_t end, File& tail) {
     }
   }
   const uint8_t* src = mem_ + (last % kRing) * kSegment;
+  if (upload_) {
+    if (bytes > 0) FERRY_RETURN_IF_ERROR(upload_->Append(src, bytes));
+    return upload_->Commit();
+  }
   const uint64_t head = bytes / kAlign * kAlign;
   if (head > 0) FERRY_RETURN_IF_ERROR(PWrite(src, head, last * kSegment));
   if (bytes > head)
@@ -111,6 +125,7 @@ Status DirectSink::PWrite(const uint8_t* src, uint64_t n, uint64_t offset) {
 }
 
 Status DirectSink::WriteSegment(uint64_t seg) {
+  if (upload_) return AppendSegments(seg);
   Status st = PWrite(mem_ + (seg % kRing) * kSegment, kSegment, seg * kSegment);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -127,6 +142,39 @@ Status DirectSink::WriteSegment(uint64_t seg) {
   }
   cv_.notify_all();
   return st;
+}
+
+// Marks `seg` full, then appends every full segment from base_ on. A segment filled out of
+// order waits in the ring for the thread that completes the one before it.
+Status DirectSink::AppendSegments(uint64_t seg) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_[seg % kRing] = true;
+  }
+  std::lock_guard<std::mutex> order(append_mu_);
+  for (;;) {
+    uint64_t next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed_.ok()) return failed_;
+      if (!done_[base_ % kRing]) return Status::Ok();
+      next = base_;
+    }
+    // Puts into this slot wait until base_ moves past it, so it is read unlocked.
+    Status st = upload_->Append(mem_ + (next % kRing) * kSegment, kSegment);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!st.ok()) {
+        if (failed_.ok()) failed_ = st;
+      } else {
+        done_[next % kRing] = false;
+        filled_[next % kRing] = 0;
+        ++base_;
+      }
+    }
+    cv_.notify_all();
+    if (!st.ok()) return st;
+  }
 }
 
 }  // namespace ferry

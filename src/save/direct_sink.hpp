@@ -4,6 +4,10 @@
 // fsync to flush. Blocks land here from several workers at once; a block whose segment is
 // beyond the ring waits for the lower segments, which only need bytes of earlier blocks.
 //
+// A save to an object store (s3://) goes through the same ring: full segments are appended in
+// file order to the upload (io/remote_sink.hpp), which sends them as multipart parts while
+// later blocks are encoded, and Finish completes the upload: the object appears only then.
+//
 // Thread safety: Put and Cancel may be called from any number of threads at once; Finish is
 // called once, after every Put has returned.
 #ifndef FERRY_SRC_SAVE_DIRECT_SINK_HPP_
@@ -16,6 +20,7 @@
 #include <string>
 
 #include "io/io.hpp"
+#include "io/remote_sink.hpp"
 
 namespace ferry {
 
@@ -30,6 +35,9 @@ class DirectSink {
   // keeps buffered writes. `fallback` (the same file, buffered) takes what direct I/O refuses;
   // messages name the file as it does.
   static std::unique_ptr<DirectSink> Open(const std::string& path, File* fallback);
+  // The file's bytes appended in order to `upload` (the first page: the magic, then zeros).
+  // Destroying the sink before Finish has committed aborts the upload.
+  static std::unique_ptr<DirectSink> OpenUpload(std::unique_ptr<RemoteSink> upload);
   ~DirectSink();
   DirectSink(const DirectSink&) = delete;
   DirectSink& operator=(const DirectSink&) = delete;
@@ -43,13 +51,15 @@ class DirectSink {
   Status Put(uint64_t offset, const uint8_t* data, uint64_t n);
 
   // Writes the last, partial segment once every byte of [0, end) was Put: its 4096-aligned head
-  // directly, the rest (under a page) through `tail`, so nothing is written past `end`.
+  // directly, the rest (under a page) through `tail`, so nothing is written past `end`. An
+  // upload's last segment is appended and the upload committed (`tail` is not used).
   Status Finish(uint64_t end, File& tail);
 
  private:
   DirectSink(int fd, std::string name);
   Status PWrite(const uint8_t* src, uint64_t n, uint64_t offset);
   Status WriteSegment(uint64_t seg);
+  Status AppendSegments(uint64_t seg);
 
   int fd_;
   std::string name_;  // in messages
@@ -61,6 +71,10 @@ class DirectSink {
   bool done_[kRing] = {};
   File* fallback_ = nullptr;  // the buffered descriptor of the same file
   Status failed_;
+  // An upload instead of a file: segments are marked done_ when full and appended from base_
+  // on, in order, by one thread at a time (append_mu_, taken before mu_).
+  std::unique_ptr<RemoteSink> upload_;
+  std::mutex append_mu_;
 };
 
 }  // namespace ferry

@@ -20,6 +20,8 @@
 #include "format/footer_builder.hpp"
 #include "format/format.hpp"
 #include "io/io.hpp"
+#include "io/remote_sink.hpp"
+#include "io/source.hpp"
 #include "io/temp_file.hpp"
 #include "save/block_pipeline.hpp"
 #include "save/device_snapshot.hpp"
@@ -74,6 +76,7 @@ class Writer::Impl {
   }
 
   std::string path;
+  bool upload = false;  // an s3:// object: the pipeline's sink uploads it, no local file
   std::string tmp_path;
   std::string dest;  // `path`, or the file a symbolic link at `path` resolves to
   File file;         // the temporary file; messages name `dest`
@@ -96,6 +99,7 @@ class Writer::Impl {
     if (pipeline) {
       pipeline->Fail(Error(StatusCode::kInvalidArgument, path, ": writer aborted"));
       pipeline->Drain();
+      (void)pipeline->Close(0);  // an upload is abandoned now: the previous object stays
     }
     (void)file.Close();
     if (!tmp_path.empty()) ::unlink(tmp_path.c_str());
@@ -335,6 +339,11 @@ class Writer::Impl {
     Status st = pipeline->status();
     if (st.ok()) st = WriteFooter();
     (void)pipeline->Close(0);
+    if (upload) {
+      // WriteFooter's Close completed the upload; a failure anywhere has aborted it.
+      finished = st.ok();
+      return st;
+    }
     if (st.ok() && options.durable) st = file.Sync();
     if (st.ok()) st = KeepPermissions(file, dest);
     if (st.ok()) st = file.Close();
@@ -384,6 +393,17 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
                  " exceeds the staging pool of ", options.staging->bytes(), " bytes");
   }
   auto impl = std::make_shared<Impl>(path, std::move(options));
+  if (IsRemoteName(path)) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<RemoteSink> upload, OpenRemoteSink(path));
+    std::unique_ptr<DirectSink> sink = DirectSink::OpenUpload(std::move(upload));
+    if (sink == nullptr) {
+      return Error(StatusCode::kResourceExhausted, path, ": no memory for the upload's buffers");
+    }
+    impl->upload = true;
+    impl->pipeline = std::make_unique<BlockPipeline>(path, impl->options, &impl->file,
+                                                     std::move(sink), &impl->device);
+    return Writer(std::move(impl));
+  }
   FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
   SweepStaleTemps(impl->dest);
   FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(impl->dest));

@@ -23,8 +23,12 @@ OPTIONS = {
                       _lib.WriterOptions, tensorferry.save_file, {}),
     "ReaderOptions": ("include/ferry/ferry.hpp", "ferry_reader_options_t",
                       _lib.ReaderOptions, tensorferry.Reader.__init__,
-                      {"verify_on_open": "verify"}),
+                      {"verify_on_open": "verify", "storage": "storage_options"}),
 }
+
+# C++ fields that are structs of their own: C spells out their fields in the outer C struct;
+# Python takes them as one dict keyword (the renames above), each of its keys checked below.
+NESTED = {"storage": ("include/ferry/ferry.hpp", "StorageOptions")}
 
 _FUNCTION_POINTER = re.compile(r"^\s*[\w\s*]+\(\s*\*\s*(\w+)\s*\)\s*\(")
 _FIELD = re.compile(r"^\s*(?:[\w:<>*]+\s+)+\**(\w+)\s*(?:=[^;]*)?;")
@@ -75,9 +79,22 @@ def test_the_parser_sees_every_field():
     assert "io" in c_fields("ferry_loader_options_t")
 
 
+def cpp_fields_flat(name):
+    """cpp_fields with each nested struct's fields in place of its own name."""
+    out = []
+    for field in cpp_fields(name):
+        if field in NESTED:
+            header, struct = NESTED[field]
+            out += _fields(_read(header), "struct %s {" % struct, "\n};")
+        else:
+            out.append(field)
+    return out
+
+
 def test_every_cpp_option_has_a_c_field():
+    assert {"ca_bundle", "max_in_flight"} <= set(cpp_fields_flat("ReaderOptions"))
     for name, (_, cname, _, _, _) in OPTIONS.items():
-        missing = set(cpp_fields(name)) - set(c_fields(cname))
+        missing = set(cpp_fields_flat(name)) - set(c_fields(cname))
         assert not missing, "%s fields without a %s field: %s" % (name, cname, sorted(missing))
 
 
@@ -123,6 +140,10 @@ def test_every_cpp_option_has_a_python_keyword():
         wanted = {renames.get(f, f) for f in cpp_fields(name)}
         missing = wanted - params
         assert not missing, "%s fields without a Python keyword: %s" % (name, sorted(missing))
+    # Every field of a nested struct is a key of its dict keyword.
+    for field, (header, struct) in NESTED.items():
+        keys = set(_fields(_read(header), "struct %s {" % struct, "\n};"))
+        assert keys == set(tensorferry._STORAGE_OPTIONS), struct
 
 
 def test_loader_keywords_reach_the_library():

@@ -494,19 +494,41 @@ class _Closable:
     def __exit__(self, *exc):
         self.close()
 
-class Reader(_Closable):
-    """An open checkpoint (the C reader handle). Thread-safe; views it hands out stay valid
-    after close()."""
+_STORAGE_OPTIONS = ("ca_bundle", "max_attempts", "max_in_flight", "piece_bytes")
 
-    def __init__(self, path, verify=False, *, _handle=None):
+
+def _reader_options(verify=False, storage_options=None):
+    """The C reader options: `storage_options` (a dict) sets how http(s):// and s3:// paths
+    are read, over the defaults and the environment (AWS_* variables, AWS_CA_BUNDLE,
+    CURL_CA_BUNDLE, SSL_CERT_FILE): ca_bundle (a PEM file), max_attempts, max_in_flight,
+    piece_bytes."""
+    opts = _lib.ReaderOptions()
+    _lib.lib().ferry_reader_options_init(ctypes.byref(opts))
+    opts.verify_on_open = 1 if verify else 0
+    for key, value in (storage_options or {}).items():
+        if key not in _STORAGE_OPTIONS:
+            raise TypeError("tensorferry: unknown storage option %r (known: %s)"
+                            % (key, ", ".join(_STORAGE_OPTIONS)))
+        if key == "ca_bundle":
+            value = _path(value)
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError("tensorferry: storage option %s must be a non-negative int, got %r"
+                             % (key, value))
+        setattr(opts, key, value)
+    return opts
+
+
+class Reader(_Closable):
+    """An open checkpoint (the C reader handle): a local path, or an http(s):// or s3:// URL
+    (a str). Thread-safe; views it hands out stay valid after close()."""
+
+    def __init__(self, path, verify=False, *, storage_options=None, _handle=None):
         import numpy as np
 
         L = _lib.lib()
         handle = _handle
         if handle is None:
-            opts = _lib.ReaderOptions()
-            L.ferry_reader_options_init(ctypes.byref(opts))
-            opts.verify_on_open = 1 if verify else 0
+            opts = _reader_options(verify, storage_options)
             handle = ctypes.c_void_p()
             try:
                 _lib.call("ferry_reader_open", _path(path), ctypes.byref(opts),

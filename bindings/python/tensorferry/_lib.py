@@ -173,7 +173,9 @@ class ScalingState(ctypes.Structure):
 
 
 class ReaderOptions(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t), ("verify_on_open", c_int32)]
+    _fields_ = [("struct_size", c_size_t), ("verify_on_open", c_int32), ("ca_bundle", c_char_p),
+                ("max_attempts", c_int32), ("max_in_flight", c_int32),
+                ("piece_bytes", c_uint64)]
 
 
 class TensorInfo(ctypes.Structure):

@@ -127,7 +127,8 @@ class _Checkpoint(_tf._Closable):
         self._handle = None
         handle = ctypes.c_void_p()
         try:
-            if path.endswith(".json"):
+            # An index URL may carry a query (a presigned one): the name ends before it.
+            if (path.split("?", 1)[0] if "://" in path else path).endswith(".json"):
                 _lib.call("ferry_sharded_open", _tf._path(path), None, ctypes.byref(handle))
                 self._handle = handle
                 for s in range(_lib.lib().ferry_sharded_num_shards(handle)):
