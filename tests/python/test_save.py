@@ -124,10 +124,13 @@ def test_save_into_a_missing_folder_is_an_oserror_naming_the_destination(tmp_pat
 
 # Saves in a child process, printing what they raised: type names, errno and message.
 _SAVE_AND_REPORT = r"""
-import errno, os, sys
+import errno, os, resource, signal, sys
 import numpy as np
 import tensorferry as tf
 dest = sys.argv[1]
+if len(sys.argv) > 2:  # a file size limit: ignored, SIGXFSZ leaves write() to fail with EFBIG
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
 src = {"a": np.arange(100000, dtype=np.float32)}
 for save in (lambda: tf.save_file(src, dest + ".ferry"),
              lambda: tf.save_file_async(src, dest + ".ferry").result(),
@@ -156,15 +159,9 @@ def _report(lines):
 def test_save_past_a_file_size_limit_is_an_oserror_with_efbig(tmp_path):
     dest = str(tmp_path / "m")
     tf.save_file({"a": np.arange(100000, dtype=np.float32)}, dest + ".src.ferry")
-
-    def limit():
-        import resource
-        import signal
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (10000, 10000))
-
-    done = subprocess.run([sys.executable, "-c", _SAVE_AND_REPORT, dest], capture_output=True,
-                          text=True, preexec_fn=limit, timeout=120, env=_child_env())
+    # The limit is set by the child itself: no preexec_fn (a fork of this threaded process).
+    done = subprocess.run([sys.executable, "-c", _SAVE_AND_REPORT, dest, "10000"],
+                          capture_output=True, text=True, timeout=120, env=_child_env())
     assert done.returncode == 0, done.stderr
     report = _report(done.stdout)
     assert len(report) == 3, done.stdout
