@@ -338,24 +338,6 @@ Status CheckQuantized(const Validator& v, const fb::Checkpoint* ck) {
 
 }  // namespace
 
-namespace {
-
-// A file that is not ours but recognisably something else (a torch.save archive, a sharded
-// index, text): says what, and how to convert or open it, rather than "bad magic", which
-// reads like corruption. Nothing when the bytes are unrecognised.
-std::optional<Status> ForeignFileError(const uint8_t* head, uint64_t head_size,
-                                       const std::string& path) {
-  const FileKind kind = SniffFile(head, head_size);
-  std::string hint = ForeignFileHint(kind, path);
-  if (hint.empty()) return std::nullopt;
-  // A damaged safetensors file is damaged; the others are whole files of another kind.
-  const StatusCode code =
-      kind == FileKind::kSafetensors ? StatusCode::kDataLoss : StatusCode::kInvalidArgument;
-  return Error(code, path, ": not a TensorFerry checkpoint: it ", hint);
-}
-
-}  // namespace
-
 Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
                                    const std::string& path) {
   const uint8_t* trailer =

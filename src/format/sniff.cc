@@ -119,4 +119,15 @@ std::string ForeignFileHint(FileKind kind, const std::string& path) {
   return "";
 }
 
+std::optional<Status> ForeignFileError(const uint8_t* head, uint64_t head_size,
+                                       const std::string& path) {
+  const FileKind kind = SniffFile(head, head_size);
+  std::string hint = ForeignFileHint(kind, path);
+  if (hint.empty()) return std::nullopt;
+  // A damaged safetensors file is damaged; the others are whole files of another kind.
+  const StatusCode code =
+      kind == FileKind::kSafetensors ? StatusCode::kDataLoss : StatusCode::kInvalidArgument;
+  return Error(code, path, ": not a TensorFerry checkpoint: it ", hint);
+}
+
 }  // namespace ferry

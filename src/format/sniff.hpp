@@ -5,7 +5,10 @@
 #define FERRY_SRC_FORMAT_SNIFF_HPP_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "ferry/status.hpp"
 
 namespace ferry {
 
@@ -30,6 +33,12 @@ FileKind SniffFile(const uint8_t* head, uint64_t n);
 // TensorFerry can convert or open it, how. `path` is put in the command shown. Empty for
 // kTensorFerry and kUnknown.
 std::string ForeignFileHint(FileKind kind, const std::string& path);
+
+// The reader's error for a file that is not a checkpoint but recognisably something else
+// (InvalidArgument; DataLoss for a damaged safetensors file): "<path>: not a TensorFerry
+// checkpoint: it looks like ...". Nothing when the bytes are unrecognised.
+std::optional<Status> ForeignFileError(const uint8_t* head, uint64_t head_size,
+                                       const std::string& path);
 
 }  // namespace ferry
 
