@@ -2,6 +2,7 @@
  * reads, views and loads a checkpoint through include/ferry/ferry.h alone, and checks error
  * codes and messages. Exits non-zero on any failed check.
  * Usage: c_api_test <scratch directory> */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -726,8 +727,8 @@ static void test_view_file(const char* path) {
   CHECK_OK(ferry_reader_open(path, NULL, &r, &err));
   CHECK_OK(ferry_reader_view_file(r, &again, &err));
   if (again != NULL) {
-    CHECK(memcmp((uint8_t*)again->dl_tensor.data + info.data_offset, g_matrix,
-                 sizeof(g_matrix)) == 0);
+    CHECK(memcmp((uint8_t*)again->dl_tensor.data + info.data_offset, g_matrix, sizeof(g_matrix)) ==
+          0);
     ferry_dlpack_free(again);
   }
   CHECK_OK(ferry_reader_verify(r, NULL, &err));
@@ -794,6 +795,48 @@ static void test_errors(const char* path) {
     CHECK(contains(err.message, "struct_size"));
     CHECK(!file_exists(corrupt));
   }
+}
+
+/* A save that the system refuses names its destination, never the temporary file beside it,
+ * and keeps the system's errno reachable, even when the message is cut to fit. */
+static void test_save_errors(const char* path) {
+  char dst[1400];
+  ferry_error_t err;
+  ferry_writer_t* w = NULL;
+  size_t n;
+
+  path_of(dst, sizeof(dst), "no_such_folder/out.ferry");
+  CHECK(ferry_writer_create(dst, NULL, &w, &err) == FERRY_IO_ERROR);
+  CHECK(w == NULL);
+  CHECK(strncmp(err.message, dst, strlen(dst)) == 0);
+  CHECK(!contains(err.message, ".tmp."));
+  CHECK(ferry_error_errno(&err) == ENOENT);
+  path_of(dst, sizeof(dst), "no_such_folder/converted.ferry");
+  CHECK(ferry_convert(path, dst, NULL, &err) == FERRY_IO_ERROR);
+  CHECK(strncmp(err.message, dst, strlen(dst)) == 0);
+  CHECK(!contains(err.message, ".tmp."));
+  CHECK(ferry_error_errno(&err) == ENOENT);
+
+  /* A destination longer than the message buffer: the cut keeps the end and its errno. */
+  path_of(dst, sizeof(dst), "no_such_folder/");
+  n = strlen(dst);
+  while (n + 201 < sizeof(dst) - 16) {
+    memset(dst + n, 'd', 200);
+    dst[n + 200] = '/';
+    n += 201;
+  }
+  strcpy(dst + n, "out.ferry");
+  CHECK(strlen(dst) >= FERRY_ERROR_MESSAGE_SIZE);
+  CHECK(ferry_writer_create(dst, NULL, &w, &err) == FERRY_IO_ERROR);
+  CHECK(strlen(err.message) == FERRY_ERROR_MESSAGE_SIZE - 1);
+  CHECK(strncmp(err.message, dst, 100) == 0);
+  CHECK(contains(err.message, " ... "));
+  CHECK(ferry_error_errno(&err) == ENOENT);
+
+  /* Errors the system did not give carry no errno. */
+  CHECK(ferry_writer_create(NULL, NULL, &w, &err) == FERRY_INVALID_ARGUMENT);
+  CHECK(ferry_error_errno(&err) == 0);
+  CHECK(ferry_error_errno(NULL) == 0);
 }
 
 /* An asynchronous save through a staging pool, then a sharded index over two files. */
@@ -1362,6 +1405,7 @@ int main(int argc, char** argv) {
     test_streaming_host(path);
     test_errors(path);
     test_convert(path);
+    test_save_errors(path);
     test_view_file(path);
     test_sharded(path);
     test_dist_plan(path);

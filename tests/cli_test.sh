@@ -304,6 +304,23 @@ run convert-to-contradicts 2 "$FERRY" convert "$ST" "$WORK/c.safetensors" --to f
   has "the name says safetensors"
 run convert-to-unknown 2 "$FERRY" convert "$ST" "$WORK/c.ferry" --to pickle
 
+# ---- a save the system refuses names the destination, not its temporary file --------------------
+for out in ferry safetensors; do
+  run "convert-missing-folder-$out" 1 "$FERRY" convert "$ST" "$WORK/no_such_folder/x.$out" &&
+    has "IoError: $WORK/no_such_folder/x.$out: " && has "errno 2)" && hasnt ".tmp."
+  # A file size limit: write() fails with EFBIG (SIGXFSZ ignored, as the child inherits that).
+  run "convert-file-size-limit-$out" 1 bash -c 'trap "" XFSZ; ulimit -f 1; exec "$@"' _ \
+    "$FERRY" convert "$ST" "$WORK/limited.$out" &&
+    has "IoError: $WORK/limited.$out: " && has "errno 27)" && hasnt ".tmp."
+  check "convert-file-size-limit-$out-left-nothing"
+  if ls "$WORK"/limited.* >/dev/null 2>&1; then fail "$(ls "$WORK"/limited.*) left behind"; fi
+done
+
+# ---- a file of another kind says what it looks like, not "bad magic" ------------------------------
+run verify-sharded-index 1 "$FERRY" verify "$DATA/sharded/model.safetensors.index.json" &&
+  has "InvalidArgument: $DATA/sharded/model.safetensors.index.json: not a TensorFerry checkpoint: it looks like the index of a sharded checkpoint" &&
+  hasnt "bad magic"
+
 # ---- destinations that are not regular files are refused, and left as they were ------------------
 mkfifo "$WORK/fifo"
 mkdir "$WORK/folder"

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <map>
 
-#include "format/block_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/loader.hpp"
+#include "format/block_source.hpp"
 #include "format/footer.hpp"
 #include "test_util.hpp"
 
@@ -282,9 +282,87 @@ TEST(SafetensorsTest, MalformedHeadersGetClearErrors) {
 
 TEST(SafetensorsTest, NotSafetensorsFallsBackToTheFerryMessage) {
   TempDir dir;
-  Status st = OpenImage(dir, std::string(64, 'x'), "junk.bin");
+  Status st = OpenImage(dir, std::string(64, '\x01'), "junk.bin");
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-  EXPECT_PRED2(Contains, st.message(), "not a TensorFerry checkpoint");
+  EXPECT_PRED2(Contains, st.message(), "not a TensorFerry checkpoint (bad magic at offset 0)");
+  // Text is not corruption: the message says what the file looks like.
+  st = OpenImage(dir, std::string(64, 'x'), "junk.txt");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_PRED2(
+      Contains, st.message(),
+      "junk.txt: not a TensorFerry checkpoint: it looks like a text file, not a checkpoint");
+}
+
+// A file of another kind opened as a checkpoint: the message says what it looks like and how
+// to convert or open it, not "bad magic", which reads like corruption.
+TEST(SafetensorsTest, ForeignFilesSayWhatTheyAreAndHowToConvertThem) {
+  TempDir dir;
+  const std::string data = std::string(FERRY_TEST_DATA_DIR);
+  auto open = [&](const std::string& image, const std::string& name) {
+    Status st = OpenImage(dir, image, name);
+    const std::string prefix = dir.File(name) + ": not a TensorFerry checkpoint: it ";
+    EXPECT_EQ(st.message().rfind(prefix, 0), 0u) << st.message();
+    return std::make_pair(st.code(), st.message().rfind(prefix, 0) == 0
+                                         ? st.message().substr(prefix.size())
+                                         : st.message());
+  };
+  auto convert = [&](const std::string& name) {
+    return "convert it with `ferry convert " + dir.File(name) +
+           " out.ferry` (Python: tensorferry.convert)";
+  };
+  using P = std::pair<StatusCode, std::string>;
+  EXPECT_EQ(open(ReadFile(data + "/torch/dtypes.pt"), "model.pt"),
+            P(StatusCode::kInvalidArgument,
+              "looks like a PyTorch checkpoint (a zip archive, as torch.save writes): " +
+                  convert("model.pt")));
+  EXPECT_EQ(open(ReadFile(data + "/torch/pytorch_model-00001-of-00002.bin"), "shard.bin"),
+            P(StatusCode::kInvalidArgument,
+              "looks like a PyTorch checkpoint (a zip archive, as torch.save writes): " +
+                  convert("shard.bin")));
+  const std::string legacy_hint =
+      "looks like a PyTorch checkpoint in torch.save's legacy format, which TensorFerry does "
+      "not read: load it with torch.load and save it with tensorferry.torch.save_state_dict (or "
+      "again with a current torch.save)";
+  EXPECT_EQ(open(ReadFile(data + "/torch/legacy.pt"), "legacy.pt"),
+            P(StatusCode::kInvalidArgument, legacy_hint));
+  const std::string index_hint =
+      "looks like the index of a sharded checkpoint (JSON with a weight_map): open it as one "
+      "(ShardedCheckpoint::Open, ferry_sharded_open, tensorferry.distributed.open_checkpoint) "
+      "or merge its shards into one file with `ferry convert ";
+  for (const char* index : {"/torch/pytorch_model.bin.index.json",
+                            "/safetensors/sharded/model.safetensors.index.json"}) {
+    EXPECT_EQ(open(ReadFile(data + index), "index.json"),
+              P(StatusCode::kInvalidArgument, index_hint + dir.File("index.json") + " out.ferry`"));
+  }
+  // A safetensors header that opens after whitespace, its length past the end of the file.
+  std::string truncated = std::string("\xff\x00\x00\x00\x00\x00\x00\x00", 8) + "  {\"a\":";
+  truncated.resize(40, ' ');
+  EXPECT_EQ(open(truncated, "cut.safetensors"),
+            P(StatusCode::kDataLoss,
+              "looks like a safetensors file whose header length does not fit the file "
+              "(truncated or damaged)"));
+  EXPECT_EQ(open(std::string("\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94", 13) +
+                     std::string(30, 'N') + ".",
+                 "state.pkl"),
+            P(StatusCode::kInvalidArgument,
+              "looks like a Python pickle, which TensorFerry never runs: load it with the "
+              "program that wrote it and save its tensors with tensorferry"));
+  EXPECT_EQ(open(std::string("PK\x03\x04", 4) + std::string(60, '\0') + "arr_0.npy", "a.npz"),
+            P(StatusCode::kInvalidArgument,
+              "looks like a zip archive (an .npz or another archive), not a checkpoint"));
+  EXPECT_EQ(open("\xef\xbb\xbf [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]\n", "list.json"),
+            P(StatusCode::kInvalidArgument, "looks like a JSON file, not a checkpoint"));
+  EXPECT_EQ(open("model weights: see the README for where they are kept\n", "notes.txt"),
+            P(StatusCode::kInvalidArgument, "looks like a text file, not a checkpoint"));
+  // Shorter than any checkpoint: too little to tell by.
+  Status st = OpenImage(dir, "garbage", "short.txt");
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_PRED2(Contains, st.message(), "7 bytes, too short for a TensorFerry checkpoint");
+  // The command shown is one shell word whatever the name holds.
+  EXPECT_EQ(open(ReadFile(data + "/torch/dtypes.pt"), "it's a model.pt").second,
+            "looks like a PyTorch checkpoint (a zip archive, as torch.save writes): convert it "
+            "with `ferry convert '" +
+                dir.File("it'\\''s a model.pt") + "' out.ferry` (Python: tensorferry.convert)");
 }
 
 // Every single-byte change of a valid header either still parses or fails cleanly.

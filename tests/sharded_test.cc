@@ -215,6 +215,21 @@ TEST(ShardedTest, WriteIndexRejects) {
   EXPECT_FALSE(std::filesystem::exists(index));
 }
 
+// A failed index write names the index, never its temporary file: here the index's name fits
+// the file system's limit and its temporary file's longer name does not (ENAMETOOLONG).
+TEST(ShardedTest, FailedIndexWriteNamesTheIndex) {
+  TempDir dir;
+  WriteShard(dir.File("x.ferry"), {{"a", 1}});
+  const std::string index = dir.File(std::string(240, 'i') + ".json");
+  Status st = WriteShardIndex(index, {"x.ferry"});
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_EQ(st.message().rfind(index + ": ", 0), 0u) << st.message();
+  EXPECT_EQ(st.message().find(".tmp."), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("errno " + std::to_string(ENAMETOOLONG) + ")"), std::string::npos)
+      << st.message();
+  EXPECT_FALSE(std::filesystem::exists(index));
+}
+
 TEST(ShardedTest, OpenRejectsBadIndexes) {
   TempDir dir;
   WriteShard(dir.File("x.ferry"), {{"a", 1}, {"b", 2}});

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -579,6 +580,35 @@ TEST(ImportWriterTest, SafetensorsOutputFollowsTheReadersRules) {
             dir.File("o.safetensors") + ": metadata key '' is empty; safetensors cannot hold it");
   EXPECT_NE(convert("w", std::string("k\0", 2)).find("metadata key 'k\\x00' contains a NUL"),
             std::string::npos);
+}
+
+// Plain float values keep a '.' or an exponent, spelled as Python's repr() spells them, so
+// they read back as floats (1.0 was "1", an int).
+TEST(TorchCheckpointTest, FloatsAreSpelledAsPythonReprSpellsThem) {
+  const std::vector<std::pair<double, std::string>> cases = {
+      {1.0, "1.0"},
+      {0.1, "0.1"},
+      {-2.5, "-2.5"},
+      {1e20, "1e+20"},
+      {1e16, "1e+16"},
+      {1e15, "1000000000000000.0"},
+      {123456789.0, "123456789.0"},
+      {1e-5, "1e-05"},
+      {0.0001, "0.0001"},
+      {0.00012345, "0.00012345"},
+      {-0.0, "-0.0"},
+      {0.0, "0.0"},
+      {5e-324, "5e-324"},
+      {1.7976931348623157e308, "1.7976931348623157e+308"},
+      {1.0 / 3, "0.3333333333333333"},
+      {12345678901234567.0, "1.2345678901234568e+16"},
+      {9999999999999998.0, "9999999999999998.0"},
+      {1.5e-7, "1.5e-07"},
+      {std::numeric_limits<double>::quiet_NaN(), "nan"},
+      {std::numeric_limits<double>::infinity(), "inf"},
+      {-std::numeric_limits<double>::infinity(), "-inf"},
+  };
+  for (const auto& [value, text] : cases) EXPECT_EQ(PythonFloatRepr(value), text) << text;
 }
 
 }  // namespace

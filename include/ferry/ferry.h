@@ -191,6 +191,13 @@ typedef struct ferry_error_t {
 /* "OK", "InvalidArgument", ...; "Unknown" for other values. Static storage. */
 FERRY_API const char* ferry_status_name(int code);
 
+/* The operating system's errno behind an error (ENOENT for a missing folder, ENOSPC for a full
+ * disk, EFBIG past a file size limit, ...), or 0 when the system refused nothing (the input was
+ * bad, a tensor was missing). Set on FERRY_IO_ERROR, and on FERRY_NOT_FOUND and
+ * FERRY_RESOURCE_EXHAUSTED where a system call gave them. Read from `error`, which it does not
+ * keep; thread-safe; 0 for NULL. */
+FERRY_API int ferry_error_errno(const ferry_error_t* error);
+
 /* ---- version ------------------------------------------------------------------------------ */
 
 /* The library's "MAJOR.MINOR.PATCH" (static storage); compare with FERRY_VERSION_STRING from

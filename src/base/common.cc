@@ -60,6 +60,21 @@ std::string ErrnoText(int err) {
   return StrCat("(", text, ", errno ", err, ")");
 }
 
+int ErrnoIn(std::string_view message) {
+  constexpr std::string_view kMark = ", errno ";
+  for (size_t at = message.rfind(kMark); at != std::string_view::npos;
+       at = at == 0 ? std::string_view::npos : message.rfind(kMark, at - 1)) {
+    int err = 0;
+    size_t i = at + kMark.size();
+    const size_t first = i;
+    while (i < message.size() && i - first < 6 && message[i] >= '0' && message[i] <= '9') {
+      err = err * 10 + (message[i++] - '0');
+    }
+    if (i > first && i < message.size() && message[i] == ')') return err;
+  }
+  return 0;
+}
+
 const char* VersionString() { return FERRY_VERSION_STRING; }
 
 namespace {

@@ -33,6 +33,8 @@ std::string Quote(std::string_view name);
 
 // Appends strerror(err) as "(<text>, errno <n>)".
 std::string ErrnoText(int err);
+// The errno of the last ErrnoText in `message`, or 0 when it holds none.
+int ErrnoIn(std::string_view message);
 
 inline bool AddOverflows(uint64_t a, uint64_t b, uint64_t* out) {
   return __builtin_add_overflow(a, b, out);

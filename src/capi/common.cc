@@ -16,9 +16,21 @@ namespace ferry::capi {
 int Fail(ferry_error_t* error, int code, std::string_view message) noexcept {
   if (error != nullptr) {
     error->code = code;
-    size_t n = std::min(message.size(), sizeof(error->message) - 1);
-    std::memcpy(error->message, message.data(), n);
-    error->message[n] = '\0';
+    constexpr size_t kKeep = sizeof(error->message) - 1;
+    if (message.size() <= kKeep) {
+      std::memcpy(error->message, message.data(), message.size());
+      error->message[message.size()] = '\0';
+    } else {
+      // Cut in the middle: the end holds the errno (ferry_error_errno) and the cause.
+      constexpr std::string_view kCut = " ... ";
+      constexpr size_t kTail = 200;
+      const size_t head = kKeep - kCut.size() - kTail;
+      std::memcpy(error->message, message.data(), head);
+      std::memcpy(error->message + head, kCut.data(), kCut.size());
+      std::memcpy(error->message + head + kCut.size(), message.data() + message.size() - kTail,
+                  kTail);
+      error->message[kKeep] = '\0';
+    }
   }
   return code;
 }
@@ -65,6 +77,12 @@ extern "C" {
 const char* ferry_status_name(int code) {
   if (code < FERRY_OK || code > FERRY_IO_ERROR) return "Unknown";
   return ferry::StatusCodeName(static_cast<StatusCode>(code));
+}
+
+int ferry_error_errno(const ferry_error_t* error) {
+  if (error == nullptr || error->code == FERRY_OK) return 0;
+  return ferry::ErrnoIn(
+      std::string_view(error->message, strnlen(error->message, sizeof(error->message))));
 }
 
 const char* ferry_version(void) { return ferry::VersionString(); }

@@ -18,6 +18,7 @@
 #include "format/checkpoint_index.hpp"
 #include "io/io.hpp"
 #include "io/source.hpp"
+#include "io/temp_file.hpp"
 
 namespace ferry {
 
@@ -200,26 +201,22 @@ Status WriteShardIndex(const std::string& index_path, const std::vector<std::str
   index["weight_map"] = std::move(weight_map);
   std::string text = index.dump(2) + "\n";
 
-  // Random as well as the pid: a killed writer's leftover must not block a later process that
-  // happens to get the same pid.
-  std::random_device rd;
-  char suffix[24];
-  std::snprintf(suffix, sizeof(suffix), "%016llx",
-                static_cast<unsigned long long>((uint64_t{rd()} << 32) ^ rd()));
   // The same destination rules as every checkpoint writer (ReplaceTarget): through a link,
-  // never over a directory, FIFO or device.
+  // never over a directory, FIFO or device. The temporary file is theirs too (locked, swept
+  // when its writer is gone), and so are the messages: they name the index, not the
+  // temporary file.
   FERRY_ASSIGN_OR_RETURN(std::string dest, ReplaceTarget(index_path));
-  std::string tmp = StrCat(dest, ".tmp.", ::getpid(), ".", suffix);
-  FERRY_ASSIGN_OR_RETURN(File file, File::CreateExclusive(tmp));
+  SweepStaleTemps(dest);
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(dest));
+  File& file = temp.file;
   Status st = file.WriteAll(text.data(), text.size());
   if (st.ok()) st = file.Sync();
   if (st.ok()) st = KeepPermissions(file, dest);
   if (st.ok()) st = file.Close();
-  if (st.ok()) st = RenameFile(tmp, dest);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
+  if (st.ok()) st = RenameFile(temp.path, dest);
+  if (!st.ok()) ::unlink(temp.path.c_str());
+  (void)temp.lock.Close();
+  FERRY_RETURN_IF_ERROR(st);
   return SyncParentDir(dest);
 }
 

@@ -68,10 +68,11 @@ struct FooterLocation {
 // Trailer only: magic at both ends, a footer length that fits the file.
 Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
                                    const std::string& path);
-// As ReadTrailer, from the file's first kMagicSize bytes (`head`) and its last kTrailerSize
-// bytes (`trailer`) alone; neither is read when the file is too short for them.
-Result<FooterLocation> ParseTrailer(const uint8_t* head, const uint8_t* trailer, uint64_t file_size,
-                                    const std::string& path);
+// As ReadTrailer, from the file's first `head_size` bytes (`head`: at least kMagicSize unless
+// the file is shorter; more lets a file of another kind be recognised in the message) and its
+// last kTrailerSize bytes (`trailer`, not read when the file is too short for it).
+Result<FooterLocation> ParseTrailer(const uint8_t* head, uint64_t head_size, const uint8_t* trailer,
+                                    uint64_t file_size, const std::string& path);
 // DataLoss unless `footer` (loc.size bytes) hashes to the trailer's checksum.
 Status CheckFooterSum(const uint8_t* footer, const FooterLocation& loc, const std::string& path);
 // ReadTrailer, then CheckFooterSum in place.

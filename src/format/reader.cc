@@ -16,6 +16,7 @@
 #include "format/format.hpp"
 #include "format/recipe_table.hpp"
 #include "format/safetensors.hpp"
+#include "format/sniff.hpp"
 #include "io/source.hpp"
 
 namespace ferry {
@@ -337,17 +338,25 @@ Result<FooterLocation> ReadTrailer(const uint8_t* file, uint64_t file_size,
                                    const std::string& path) {
   const uint8_t* trailer =
       file_size >= format::kTrailerSize ? file + file_size - format::kTrailerSize : nullptr;
-  return ParseTrailer(file, trailer, file_size, path);
+  return ParseTrailer(file, file_size, trailer, file_size, path);
 }
 
-Result<FooterLocation> ParseTrailer(const uint8_t* head, const uint8_t* trailer, uint64_t file_size,
-                                    const std::string& path) {
+Result<FooterLocation> ParseTrailer(const uint8_t* head, uint64_t head_size, const uint8_t* trailer,
+                                    uint64_t file_size, const std::string& path) {
   const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
+  const uint64_t seen = std::min({head_size, file_size, uint64_t{format::kMagicSize}});
+  const bool magic = std::memcmp(head, format::kMagic, seen) == 0;  // or a cut of it
+  // Shorter than any checkpoint: too little to tell a kind by, and "too short" says enough.
+  if (!magic && file_size >= min_size) {
+    if (auto foreign = ForeignFileError(head, std::min(head_size, file_size), path)) {
+      return *foreign;
+    }
+  }
   if (file_size < min_size) {
     return Error(StatusCode::kDataLoss, path, ": file is ", file_size,
                  " bytes, too short for a TensorFerry checkpoint (at least ", min_size, ")");
   }
-  if (std::memcmp(head, format::kMagic, format::kMagicSize) != 0) {
+  if (!magic || head_size < format::kMagicSize) {
     return Error(StatusCode::kDataLoss, path,
                  ": not a TensorFerry checkpoint (bad magic at offset 0)");
   }

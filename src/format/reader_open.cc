@@ -98,8 +98,8 @@ Result<BlockSource::Index> FooterIndex(const ByteSource& bytes, const FileEnds& 
   const uint8_t* trailer = ends.tail.size() >= format::kTrailerSize
                                ? ends.tail.data() + ends.tail.size() - format::kTrailerSize
                                : nullptr;
-  FERRY_ASSIGN_OR_RETURN(FooterLocation loc,
-                         ParseTrailer(ends.head.data(), trailer, ends.size, path));
+  FERRY_ASSIGN_OR_RETURN(FooterLocation loc, ParseTrailer(ends.head.data(), ends.head.size(),
+                                                          trailer, ends.size, path));
   // The writer pads the footer to 8 bytes so the mapping's page alignment carries over.
   if (loc.offset % 8 != 0) {
     return Error(StatusCode::kDataLoss, path, ": footer offset ", loc.offset,

@@ -66,3 +66,49 @@ def test_unknown_encoding_lists_the_names(tmp_path, src):
         with pytest.raises(ValueError, match=r"'shuffle\+zstd' \(or 'shuffle_zstd'\)"):
             call()
     assert sorted(os.listdir(str(tmp_path))) == ["src.ferry"]
+
+
+DATA = os.path.join(HERE, "..", "data")
+_CONVERT = "convert it with `ferry convert {} out.ferry` (Python: tensorferry.convert)"
+
+
+@pytest.mark.parametrize("fixture,name,looks", [
+    ("torch/dtypes.pt", "model.pt",
+     "looks like a PyTorch checkpoint (a zip archive, as torch.save writes): " + _CONVERT),
+    ("torch/pytorch_model.bin", "pytorch_model.bin",
+     "looks like a PyTorch checkpoint (a zip archive, as torch.save writes): " + _CONVERT),
+    ("torch/legacy.pt", "legacy.pt",
+     "looks like a PyTorch checkpoint in torch.save's legacy format, which TensorFerry does "
+     "not read: load it with torch.load and save it with tensorferry.torch.save_state_dict (or "
+     "again with a current torch.save)"),
+    ("torch/pytorch_model.bin.index.json", "index.json",
+     "looks like the index of a sharded checkpoint (JSON with a weight_map): open it as one "
+     "(ShardedCheckpoint::Open, ferry_sharded_open, tensorferry.distributed.open_checkpoint) or "
+     "merge its shards into one file with `ferry convert {} out.ferry`"),
+    ("safetensors/make_fixtures.py", "notes.txt", "looks like a text file, not a checkpoint"),
+])
+def test_a_foreign_file_says_what_it_is_and_how_to_convert_it(tmp_path, fixture, name, looks):
+    path = str(tmp_path / name)
+    with open(os.path.join(DATA, fixture), "rb") as f, open(path, "wb") as out:
+        out.write(f.read())
+    want = path + ": not a TensorFerry checkpoint: it " + looks.format(path)
+    for opener in (tf.Reader, tf.load_file):
+        with pytest.raises(tf.InvalidArgumentError) as e:
+            opener(path)
+        assert str(e.value) == want
+        assert isinstance(e.value, ValueError)
+    # What the hint says works: the PyTorch files convert.
+    if "`ferry convert" in looks and "index" not in name:
+        tf.convert(path, str(tmp_path / "out.ferry"))
+        assert len(tf.load_file(str(tmp_path / "out.ferry"))) > 0
+
+
+def test_a_broken_safetensors_file_is_data_loss_that_says_so(tmp_path):
+    path = str(tmp_path / "cut.safetensors")
+    with open(path, "wb") as f:
+        f.write(b"\xff" + b"\0" * 7 + b'  {"a": {"dtype": "F32", "shape": [1], "data_offsets":')
+    with pytest.raises(tf.DataLossError) as e:
+        tf.load_file(path)
+    assert str(e.value) == (path + ": not a TensorFerry checkpoint: it looks like a safetensors "
+                            "file whose header length does not fit the file (truncated or "
+                            "damaged)")

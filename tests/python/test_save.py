@@ -2,6 +2,7 @@
 anywhere), CUDA tensors read in place on torch's current stream (GPU), and sharded saves over
 torch.distributed (gloo on CPU, two processes)."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -98,8 +99,104 @@ def test_save_into_a_missing_folder_is_an_oserror_naming_the_destination(tmp_pat
             if save is tf.save_file_async:
                 r.result()
         assert isinstance(e.value, tf.IoError)
-        assert str(dest) + ":" in str(e.value) and ".tmp." not in str(e.value), str(e.value)
+        assert isinstance(e.value, FileNotFoundError)
+        assert e.value.errno == errno.ENOENT
+        assert str(e.value).startswith(str(dest) + ": "), str(e.value)
+        assert ".tmp." not in str(e.value), str(e.value)
         assert "errno 2)" in str(e.value)
+    # The other writers: a conversion and a sharded index.
+    src = str(tmp_path / "src.ferry")
+    tf.save_file(arrays(1), src)
+    dest = tmp_path / "absent" / "c.ferry"
+    with pytest.raises(FileNotFoundError) as e:
+        tf.convert(src, str(dest))
+    assert isinstance(e.value, tf.IoError) and e.value.errno == errno.ENOENT
+    assert str(e.value).startswith(str(dest) + ": "), str(e.value)
+    assert ".tmp." not in str(e.value), str(e.value)
+    # The index's name fits the file system's limit, its temporary file's does not.
+    index = tmp_path / ("i" * 240 + ".json")
+    with pytest.raises(OSError) as e:
+        tfd.write_shard_index(str(index), ["src.ferry"])
+    assert isinstance(e.value, tf.IoError) and e.value.errno == errno.ENAMETOOLONG
+    assert str(e.value).startswith(str(index) + ": ") and ".tmp." not in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == ["src.ferry"]
+
+
+# Saves in a child process, printing what they raised: type names, errno and message.
+_SAVE_AND_REPORT = r"""
+import errno, os, resource, signal, sys
+import numpy as np
+import tensorferry as tf
+dest = sys.argv[1]
+if len(sys.argv) > 2:  # a file size limit: ignored, SIGXFSZ leaves write() to fail with EFBIG
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+src = {"a": np.arange(100000, dtype=np.float32)}
+for save in (lambda: tf.save_file(src, dest + ".ferry"),
+             lambda: tf.save_file_async(src, dest + ".ferry").result(),
+             lambda: tf.convert(dest + ".src.ferry", dest + ".c.ferry")):
+    try:
+        save()
+        print("saved")
+    except Exception as e:
+        print(isinstance(e, OSError), isinstance(e, tf.IoError), errno.errorcode.get(e.errno),
+              str(e))
+"""
+
+
+def _child_env():
+    """This process's tensorferry package and library, for a child Python."""
+    from tensorferry import _lib
+    package = os.path.dirname(os.path.dirname(os.path.abspath(tf.__file__)))
+    path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, TENSORFERRY_LIBRARY=_lib.library_path())
+
+
+def _report(lines):
+    return [line.split(" ", 3) for line in lines.strip().splitlines()]
+
+
+def test_save_past_a_file_size_limit_is_an_oserror_with_efbig(tmp_path):
+    dest = str(tmp_path / "m")
+    tf.save_file({"a": np.arange(100000, dtype=np.float32)}, dest + ".src.ferry")
+    # The limit is set by the child itself: no preexec_fn (a fork of this threaded process).
+    done = subprocess.run([sys.executable, "-c", _SAVE_AND_REPORT, dest, "10000"],
+                          capture_output=True, text=True, timeout=120, env=_child_env())
+    assert done.returncode == 0, done.stderr
+    report = _report(done.stdout)
+    assert len(report) == 3, done.stdout
+    for (is_os, is_io, name, message), ext in zip(report, (".ferry", ".ferry", ".c.ferry")):
+        assert (is_os, is_io, name) == ("True", "True", "EFBIG"), message
+        assert message.startswith(dest + ext + ": ") and ".tmp." not in message, message
+    assert sorted(os.listdir(tmp_path)) == ["m.src.ferry"]
+
+
+def test_save_onto_a_full_disk_is_an_oserror_with_enospc(tmp_path):
+    # A small tmpfs mounted in a user namespace of its own; where the system allows none, skip.
+    mount = tmp_path / "small"
+    mount.mkdir()
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                            'mount -t tmpfs -o size=64k none "$0"', str(mount)],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("no unprivileged tmpfs here: " + probe.stderr.strip())
+    dest = str(mount / "m")
+    # The conversion's source: small enough for the tmpfs, its output is not.
+    script = ('mount -t tmpfs -o size=64k none "$0" && cp "$4" "$3.src.ferry" && '
+              '"$1" -c "$2" "$3" && ls -A "$0"')
+    big = str(tmp_path / "big.ferry")
+    tf.save_file({"a": np.arange(100000, dtype=np.float32)}, big, encoding="shuffle_zstd")
+    assert os.path.getsize(big) < 48 << 10
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount), sys.executable,
+                           _SAVE_AND_REPORT, dest, big], capture_output=True, text=True,
+                          timeout=120, env=_child_env())
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    report = _report("\n".join(lines[:3]))
+    for (is_os, is_io, name, message), ext in zip(report, (".ferry", ".ferry", ".c.ferry")):
+        assert (is_os, is_io, name) == ("True", "True", "ENOSPC"), message
+        assert message.startswith(dest + ext + ": ") and ".tmp." not in message, message
+    assert lines[3:] == ["m.src.ferry"], done.stdout  # nothing else left on the full disk
 
 
 @pytest.mark.parametrize("background", [False, True])

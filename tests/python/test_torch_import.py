@@ -676,3 +676,29 @@ def test_to_safetensors_writes_only_what_reads_back(tmp_path):
         with pytest.raises(tf.InvalidArgumentError, match=re.escape(message)):
             tf.convert(tmp_path / "m.pt", out)
         assert not out.exists()
+
+
+def test_plain_values_come_back_typed(tmp_path):
+    tf = _tensorferry()
+    from tensorferry import _state
+    values = {"one": 1.0, "tenth": 0.1, "big": 1e20, "small": 1e-5, "whole": 1e15,
+              "neg_zero": -0.0, "nan": float("nan"), "inf": float("inf"),
+              "ninf": float("-inf"), "step": 10, "flag": True, "off": False, "none": None,
+              "name": "adam", "betas": [0.9, 0.999], "shape": [1.0, 2.0]}
+    tl.torch_save(dict(values, w=tl.tensor(np.ones(2, np.float32))), tmp_path / "m.pt")
+    tf.convert(str(tmp_path / "m.pt"), str(tmp_path / "m.ferry"))
+    texts = tf.read_metadata(str(tmp_path / "m.ferry"))
+    # The same texts the Python flattening writes for these values (tensorferry.torch).
+    _, want_texts, _ = _state.flatten(values, lambda v: False)
+    assert {k: texts[k] for k in values} == want_texts
+    assert texts["one"] == "1.0" and texts["big"] == "1e+20" and texts["shape"] == "[1.0, 2.0]"
+    typed = tf.read_metadata(str(tmp_path / "m.ferry"), typed=True)
+    for k, v in values.items():
+        got = typed[k]
+        assert type(got) is type(v), (k, got)
+        if isinstance(v, float) and v != v:
+            assert got != got
+        elif isinstance(v, float):
+            assert got == v and str(got) == str(v), (k, got)
+        else:
+            assert got == v, (k, got)

@@ -415,7 +415,12 @@ class CudaError(FerryError):
 
 
 class IoError(FerryError, OSError):
-    pass
+    """The system refused a read, write, sync or rename: an OSError whose ``errno`` is the
+    system's (ENOSPC for a full disk, EFBIG past a file size limit, ...). ``str()`` is the
+    library's message, which names the file."""
+
+    def __str__(self):
+        return self.args[0] if self.args else ""
 
 
 _STATUS_NAMES = {
@@ -442,9 +447,47 @@ _ERROR_TYPES = {
 }
 
 
+# Python's own OSError subclasses for the errnos that have one, as open() raises them.
+_ERRNO_TYPES = {
+    errno.ENOENT: FileNotFoundError,
+    errno.EEXIST: FileExistsError,
+    errno.EISDIR: IsADirectoryError,
+    errno.ENOTDIR: NotADirectoryError,
+    errno.EACCES: PermissionError,
+    errno.EPERM: PermissionError,
+}
+_errno_types = {}
+
+
+def _error_type(code, err_no):
+    """The class for status `code` given the system's errno (0: none): IoError, and NotFound
+    from a system call, become OSErrors and, where Python has one, its subclass for that errno
+    (a save into a missing folder is a FileNotFoundError)."""
+    base = _ERROR_TYPES.get(code, FerryError)
+    if err_no == 0 or code not in (IO_ERROR, NOT_FOUND):
+        return base
+    if code == NOT_FOUND:
+        base = MissingFileError
+    specific = _ERRNO_TYPES.get(err_no)
+    if specific is None or issubclass(base, specific):
+        return base
+    key = (base, specific)
+    if key not in _errno_types:
+        _errno_types[key] = type(base.__name__, (base, specific), {"__module__": __name__})
+    return _errno_types[key]
+
+
 def raise_error(code, err):
     message = err.message.decode("utf-8", "replace") if err is not None else ""
-    raise _ERROR_TYPES.get(code, FerryError)(code, message or _STATUS_NAMES.get(code, "error"))
+    message = message or _STATUS_NAMES.get(code, "error")
+    err_no = lib().ferry_error_errno(ctypes.byref(err)) if err is not None else 0
+    cls = _error_type(code, err_no)
+    e = cls(code, message)
+    if err_no:
+        e.errno = err_no
+        if not isinstance(e, MissingFileError):
+            e.strerror = os.strerror(err_no)
+    raise e
 
 
 # ---- library ------------------------------------------------------------------------------
@@ -520,6 +563,7 @@ def _declare(lib):
         f.argtypes = list(argtypes)
 
     fn("ferry_status_name", c_char_p, I)
+    fn("ferry_error_errno", I, E)
     fn("ferry_version", c_char_p)
     fn("ferry_format_version", c_uint32)
     fn("ferry_dtype_name", c_char_p, c_int32)

@@ -6,12 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "base/util.hpp"
@@ -77,6 +78,43 @@ bool IsScalar(const Value* v) {
          v->is(Kind::kStr);
 }
 
+}  // namespace
+
+std::string PythonFloatRepr(double f) {
+  if (std::isnan(f)) return "nan";
+  if (std::isinf(f)) return f < 0 ? "-inf" : "inf";
+  // The shortest digits that read back to `f`, as "d.ddde[+-]XX".
+  char sci[64];
+  const auto r = std::to_chars(sci, sci + sizeof(sci), f, std::chars_format::scientific);
+  std::string_view text(sci, static_cast<size_t>(r.ptr - sci));
+  std::string out;
+  if (text.front() == '-') {
+    out = "-";
+    text.remove_prefix(1);
+  }
+  const size_t e = text.find('e');
+  std::string digits(text.substr(0, e));
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  int exp = 0;
+  std::from_chars(text.data() + e + (text[e + 1] == '+' ? 2 : 1), text.data() + text.size(), exp);
+  const int n = static_cast<int>(digits.size());
+  // repr's rule: positional from 1e-4 up to (not including) 1e16, always with a '.'.
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) return out + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    if (n <= exp + 1)
+      return out + digits + std::string(static_cast<size_t>(exp + 1 - n), '0') + ".0";
+    return out + digits.substr(0, static_cast<size_t>(exp + 1)) + "." +
+           digits.substr(static_cast<size_t>(exp + 1));
+  }
+  out += digits.substr(0, 1);
+  if (n > 1) out += "." + digits.substr(1);
+  char tail[16];
+  std::snprintf(tail, sizeof(tail), "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+  return out + tail;
+}
+
+namespace {
+
 // Plain values (IsScalar) as metadata text; nullopt for anything else.
 std::optional<std::string> ScalarText(const Value* v) {
   switch (v->kind) {
@@ -86,12 +124,8 @@ std::optional<std::string> ScalarText(const Value* v) {
       return v->b ? "True" : "False";
     case Kind::kInt:
       return std::to_string(v->i);
-    case Kind::kFloat: {
-      std::ostringstream o;
-      o.precision(17);
-      o << v->f;
-      return o.str();
-    }
+    case Kind::kFloat:
+      return PythonFloatRepr(v->f);
     case Kind::kStr:
       return v->s;
     default:

@@ -55,6 +55,10 @@ class WalkBudget {
 };
 // True when the elements lie contiguously, row-major, in the storage.
 bool IsContiguous(const TensorRef& t);
+// A float as Python's repr() spells it (1.0, 0.1, 1e+20, 1e-05, nan, -inf): the shortest text
+// that reads back to the same double, always with a '.' or an exponent, so a plain value of a
+// checkpoint keeps its type through metadata text.
+std::string PythonFloatRepr(double f);
 
 // Parses a torch.save zip archive held at [data, data + size) and returns the unpickled root
 // object. Storages point into the span. `where` names it in messages. `guard`: the mapping

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "base/util.hpp"
+#include "format/sniff.hpp"
 #include "import/torch/pickle_machine.hpp"
 
 namespace ferry::torch_import {
@@ -296,13 +297,6 @@ Status Machine::NewObj(Value* cls, Value* args, Value* kwargs) {
 
 }  // namespace pickle
 
-namespace {
-
-// Legacy torch.save magic number 0x1950a86a20f9469cfc6c, little-endian.
-constexpr uint8_t kLegacyMagic[] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
-
-}  // namespace
-
 const std::vector<Value*>& Value::Elements() const {
   static const std::vector<Value*> kNone;
   if (kind == Kind::kObject) return args != nullptr ? args->items : kNone;
@@ -344,8 +338,7 @@ Result<Value*> Unpickle(Heap* heap, const uint8_t* data, uint64_t size,
 }
 
 bool LooksLikeLegacyTorch(const uint8_t* data, uint64_t size) {
-  return size >= 14 && data[0] == 0x80 && data[2] == 0x8a && data[3] == 10 &&
-         std::memcmp(data + 4, kLegacyMagic, 10) == 0;
+  return SniffFile(data, size) == FileKind::kTorchLegacy;
 }
 
 Result<Storage*> ParseLegacyStorage(Heap* heap, const uint8_t* data, uint64_t size,

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/util.hpp"
+#include "format/sniff.hpp"
 
 namespace ferry::torch_import {
 
@@ -55,7 +56,8 @@ Status ReadZip64Extra(const uint8_t* extra, uint64_t len, uint64_t* size, uint64
 }  // namespace
 
 bool LooksLikeZip(const uint8_t* data, uint64_t size) {
-  return size >= 4 && (U32(data) == kLocalSig || U32(data) == kEndSig);
+  const FileKind kind = SniffFile(data, size);
+  return kind == FileKind::kTorchZip || kind == FileKind::kZip;
 }
 
 Result<ZipArchive> ZipArchive::Open(const uint8_t* data, uint64_t size, std::string path,
