@@ -87,7 +87,8 @@ Json InspectJson(const TorchCheckpoint& ck, uint64_t total) {
 }
 
 void EmitScaling(const TorchCheckpoint& ck) {
-  Emit(stdout, StrCat("\nTransformerEngine extra state (", ck.scaling().size(), " modules)"));
+  Emit(stdout, "");
+  Emit(stdout, StrCat("TransformerEngine extra state (", ck.scaling().size(), " modules)"));
   for (const ScalingState& s : ck.scaling()) {
     Emit(stdout, StrCat("  ", s.module, ": ", RecipeText(s.recipe)));
     if (s.states.empty()) Emit(stdout, "    (no scaling state)");
@@ -124,7 +125,8 @@ int RunInspectTorch(const InspectOptions& options) {
   }
   if (!ck.scaling().empty()) EmitScaling(ck);
   if (!ck.metadata().empty()) {
-    Emit(stdout, StrCat("\nmetadata (", ck.metadata().size(), ")"));
+    Emit(stdout, "");
+    Emit(stdout, StrCat("metadata (", ck.metadata().size(), ")"));
     for (const auto& [k, v] : ck.metadata()) {
       Emit(stdout, StrCat("  ", k, " = ", v.size() > 200 ? v.substr(0, 200) + "..." : v));
     }

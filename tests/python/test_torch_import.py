@@ -168,6 +168,21 @@ def test_inspect_lists_tensors_views_and_devices(tmp_path):
 
 
 @needs_ferry
+@pytest.mark.parametrize("fixture", ["dtypes.pt", "te_cuda.pt"])
+def test_inspect_separates_sections_with_blank_lines_not_escapes(fixture):
+    # Every printed line is escaped as a whole, so a section's leading newline came out as a
+    # literal \x0a: blank lines are lines of their own.
+    out = ferry("inspect", os.path.join(FIXTURES, fixture)).stdout
+    assert "\\x0a" not in out
+    heads = [line for line in out.splitlines()
+             if line.startswith(("metadata (", "TransformerEngine extra state ("))]
+    assert heads, out
+    lines = out.splitlines()
+    for h in heads:
+        assert lines[lines.index(h) - 1] == ""
+
+
+@needs_ferry
 def test_sharded_bin_index_becomes_one_file(tmp_path):
     w = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.int32),
          "c": np.zeros(3, np.float64)}
