@@ -8,9 +8,9 @@
 #include <fstream>
 #include <iterator>
 
-#include "format/block_source.hpp"
 #include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
+#include "format/block_source.hpp"
 #include "format/footer.hpp"
 
 namespace ferry {

@@ -15,14 +15,14 @@
 #include <fstream>
 #include <thread>
 
+#include "base/strict_json.hpp"
+#include "base/util.hpp"
 #include "codec/codec.hpp"
 #include "ferry/ferry.hpp"
-#include "io/io.hpp"
-#include "format/safetensors.hpp"
 #include "ferry/sharded.hpp"
-#include "base/strict_json.hpp"
+#include "format/safetensors.hpp"
+#include "io/io.hpp"
 #include "test_util.hpp"
-#include "base/util.hpp"
 
 namespace ferry {
 namespace {

@@ -872,8 +872,8 @@ typedef struct ferry_sharded_save_t ferry_sharded_save_t;
 
 typedef struct ferry_sharded_save_options_t {
   size_t struct_size;
-  int32_t rank;   /* this process's rank, 0 <= rank < nranks */
-  int32_t nranks; /* at most 99999 */
+  int32_t rank;                           /* this process's rank, 0 <= rank < nranks */
+  int32_t nranks;                         /* at most 99999 */
   ferry_all_reduce_max_fn all_reduce_max; /* required; called with all_reduce_user */
   void* all_reduce_user;
   const ferry_writer_options_t* writer; /* this rank's shard file (NULL: the defaults) */
@@ -936,8 +936,8 @@ typedef struct ferry_dist_plan_options_t {
   size_t struct_size;
   int32_t rank;
   int32_t nranks;
-  int32_t rounds;     /* pieces per rank, 1 to 64 (default 4) */
-  int32_t check_plan; /* all ranks compare a hash of their plans at create (default 1) */
+  int32_t rounds;         /* pieces per rank, 1 to 64 (default 4) */
+  int32_t check_plan;     /* all ranks compare a hash of their plans at create (default 1) */
   uint64_t own_min_bytes; /* entries this large get their own buffer (default UINT64_MAX) */
   /* The collective for check_plan and ferry_dist_plan_conclude, called with all_reduce_user;
    * it must stay usable until the plan is freed. */
@@ -954,14 +954,14 @@ FERRY_API void ferry_dist_plan_options_init(ferry_dist_plan_options_t* options);
 #define FERRY_DIST_OWN_BUFFER UINT64_MAX
 
 typedef struct ferry_dist_item_t {
-  const char* name;  /* the tensor */
-  size_t request;    /* its index in the requests (in the checkpoint's names when none) */
-  uint32_t shard;    /* in ferry_sharded_shard's numbering */
+  const char* name; /* the tensor */
+  size_t request;   /* its index in the requests (in the checkpoint's names when none) */
+  uint32_t shard;   /* in ferry_sharded_shard's numbering */
   int32_t reserved;
-  uint64_t bytes;    /* raw bytes delivered (of the requested rows) */
-  uint64_t row_bytes; /* bytes of one row where it may be cut, else 0 */
+  uint64_t bytes;        /* raw bytes delivered (of the requested rows) */
+  uint64_t row_bytes;    /* bytes of one row where it may be cut, else 0 */
   uint64_t arena_offset; /* where it lies in the arena, or FERRY_DIST_OWN_BUFFER */
-  int64_t row_begin; /* the requested rows (0 and -1: the whole tensor) */
+  int64_t row_begin;     /* the requested rows (0 and -1: the whole tensor) */
   int64_t row_end;
 } ferry_dist_item_t;
 

@@ -21,8 +21,7 @@ int ferry_convert_to(const char* src, const char* dst, const char* format,
     ferry::WriterOptions o;
     int rc = ToWriterOptions(dst, options, fn, &o, error);
     if (rc != FERRY_OK) return rc;
-    return Report(ferry::torch_import::ConvertCheckpoint(src, dst, o, format ? format : ""),
-                  error);
+    return Report(ferry::torch_import::ConvertCheckpoint(src, dst, o, format ? format : ""), error);
   });
 }
 

@@ -11,12 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "base/strict_json.hpp"
+#include "base/util.hpp"
 #include "cli/cli.hpp"
 #include "cli/fp8_json.hpp"
 #include "ferry/ferry.h"
 #include "fuzz_entries.hpp"
-#include "base/strict_json.hpp"
-#include "base/util.hpp"
 
 namespace ferry::fuzz {
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "codec/codec.hpp"
-#include "ferry/ferry.hpp"
 #include "codec/planes.hpp"
+#include "ferry/ferry.hpp"
 #include "format/safetensors.hpp"
 
 namespace fs = std::filesystem;
