@@ -178,6 +178,23 @@ Status NcclStatus(const NcclApi& api, NcclComm comm, int rc, const char* what) {
                last && *last ? StrCat(" (", last, ")") : std::string());
 }
 
+// NCCL for `comm`, whose device must be the caller's current one (the collectives would
+// otherwise run on another GPU than the caller's buffers); `who` names the caller in messages.
+Result<const NcclApi*> NcclOnCurrentDevice(NcclComm comm, const std::string& library,
+                                           const char* who) {
+  if (comm == nullptr) return Error(StatusCode::kInvalidArgument, who, ": null communicator");
+  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl, LoadNccl(library));
+  int comm_dev = -1, dev = -1;
+  FERRY_CUDA_RETURN(cudaGetDevice(&dev), who);
+  FERRY_RETURN_IF_ERROR(
+      NcclStatus(*nccl, comm, nccl->comm_cu_device(comm, &comm_dev), "comm device"));
+  if (comm_dev != dev) {
+    return Error(StatusCode::kInvalidArgument, who, ": the communicator's device is ", comm_dev,
+                 " but device ", dev, " is current; make device ", comm_dev, " current first");
+  }
+  return nccl;
+}
+
 // NCCL takes size_t counts, but large single operations have had limits in some versions;
 // pieces of 1 GiB cost nothing measurable.
 constexpr uint64_t kMaxBroadcastBytes = uint64_t{1} << 30;
@@ -444,24 +461,16 @@ Result<std::unique_ptr<DistributedLoader>> DistributedLoader::Create(NcclComm co
     return Error(StatusCode::kInvalidArgument, "DistributedOptions.rounds ", options.rounds,
                  " outside [1, 64]");
   }
-  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl, LoadNccl(options.nccl_library));
+  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl,
+                         NcclOnCurrentDevice(comm, options.nccl_library, "DistributedLoader"));
   auto impl = std::make_unique<Impl>();
   impl->comm = comm;
   impl->nccl = nccl;
-  int comm_dev = -1, dev = -1;
-  FERRY_CUDA_RETURN(cudaGetDevice(&dev), "DistributedLoader");
-  FERRY_RETURN_IF_ERROR(
-      NcclStatus(*nccl, comm, nccl->comm_cu_device(comm, &comm_dev), "comm device"));
-  if (comm_dev != dev) {
-    return Error(StatusCode::kInvalidArgument, "DistributedLoader: the communicator's device is ",
-                 comm_dev, " but device ", dev, " is current; make device ", comm_dev,
-                 " current first");
-  }
   FERRY_RETURN_IF_ERROR(
       NcclStatus(*nccl, comm, nccl->comm_count(comm, &impl->nranks), "comm count"));
   FERRY_RETURN_IF_ERROR(
       NcclStatus(*nccl, comm, nccl->comm_user_rank(comm, &impl->rank), "comm rank"));
-  impl->device = dev;
+  FERRY_CUDA_RETURN(cudaGetDevice(&impl->device), "DistributedLoader");
   // The current device's context, made current on this thread if it is not yet (never another).
   FERRY_CUDA_RETURN(cudaFree(nullptr), "DistributedLoader");
   if (Driver().ok) Driver().ctx_get_current(&impl->ctx);
@@ -578,21 +587,11 @@ struct NcclReducer {
 }  // namespace
 
 Result<SaveGroup> NcclSaveGroup(NcclComm comm, const std::string& nccl_library) {
-  if (comm == nullptr)
-    return Error(StatusCode::kInvalidArgument, "NcclSaveGroup: null communicator");
-  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl, LoadNccl(nccl_library));
+  FERRY_ASSIGN_OR_RETURN(const NcclApi* nccl,
+                         NcclOnCurrentDevice(comm, nccl_library, "NcclSaveGroup"));
   auto r = std::make_shared<NcclReducer>();
   r->comm = comm;
   r->nccl = nccl;
-  int comm_dev = -1, dev = -1;
-  FERRY_CUDA_RETURN(cudaGetDevice(&dev), "NcclSaveGroup");
-  FERRY_RETURN_IF_ERROR(
-      NcclStatus(*nccl, comm, nccl->comm_cu_device(comm, &comm_dev), "comm device"));
-  if (comm_dev != dev) {
-    return Error(StatusCode::kInvalidArgument, "NcclSaveGroup: the communicator's device is ",
-                 comm_dev, " but device ", dev, " is current; make device ", comm_dev,
-                 " current first");
-  }
   SaveGroup g;
   FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->comm_count(comm, &g.nranks), "comm count"));
   FERRY_RETURN_IF_ERROR(NcclStatus(*nccl, comm, nccl->comm_user_rank(comm, &g.rank), "comm rank"));

@@ -205,9 +205,8 @@ Status WriteShardIndex(const std::string& index_path, const std::vector<std::str
   // never over a directory, FIFO or device. The temporary file is theirs too (locked, swept
   // when its writer is gone), and so are the messages: they name the index, not the
   // temporary file.
-  FERRY_ASSIGN_OR_RETURN(std::string dest, ReplaceTarget(index_path));
-  SweepStaleTemps(dest);
-  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(dest));
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, BeginReplace(index_path));
+  const std::string& dest = temp.dest;
   File& file = temp.file;
   Status st = file.WriteAll(text.data(), text.size());
   if (st.ok()) st = file.Sync();

@@ -464,9 +464,8 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   if (IsRemoteName(path)) {
     FERRY_ASSIGN_OR_RETURN(state->upload, OpenRemoteSink(path));
   } else {
-    FERRY_ASSIGN_OR_RETURN(state->dest, ReplaceTarget(path));
-    SweepStaleTemps(state->dest);
-    FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(state->dest));
+    FERRY_ASSIGN_OR_RETURN(TempFile temp, BeginReplace(path));
+    state->dest = std::move(temp.dest);
     state->file = std::move(temp.file);
     state->tmp_path = std::move(temp.path);
     state->lock = std::move(temp.lock);

@@ -57,6 +57,14 @@ int OpenRetrying(const char* path, int flags, mode_t mode = 0) {
 
 }  // namespace
 
+Result<TempFile> BeginReplace(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(std::string dest, ReplaceTarget(path));
+  SweepStaleTemps(dest);
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(dest));
+  temp.dest = std::move(dest);
+  return temp;
+}
+
 Result<TempFile> CreateTempFile(const std::string& dest) {
   FERRY_RETURN_IF_ERROR(CheckPath(dest));
   static std::atomic<uint64_t> counter{0};

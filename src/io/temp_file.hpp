@@ -19,7 +19,13 @@ struct TempFile {
   File file;         // for writing; its path() is the destination, so messages name that
   std::string path;  // the temporary file's name
   File lock;         // holds the flock; close it after the rename (or the removal)
+  std::string dest;  // set by BeginReplace: the file the save replaces
 };
+
+// How every save to a local `path` starts: its destination (ReplaceTarget: through a link,
+// never over a directory, FIFO or device), the temporary files of dead writers to it swept,
+// and its own temporary file created and locked (CreateTempFile).
+Result<TempFile> BeginReplace(const std::string& path);
 
 // Creates and locks the temporary file for a save to `dest` (the target ReplaceTarget gave).
 // A failure is IoError naming `dest`, with the errno in the message (a missing folder, a full

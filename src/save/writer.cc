@@ -404,9 +404,8 @@ Result<Writer> Writer::Create(const std::string& path, WriterOptions options) {
                                                      std::move(sink), &impl->device);
     return Writer(std::move(impl));
   }
-  FERRY_ASSIGN_OR_RETURN(impl->dest, ReplaceTarget(path));
-  SweepStaleTemps(impl->dest);
-  FERRY_ASSIGN_OR_RETURN(TempFile temp, CreateTempFile(impl->dest));
+  FERRY_ASSIGN_OR_RETURN(TempFile temp, BeginReplace(path));
+  impl->dest = std::move(temp.dest);
   impl->file = std::move(temp.file);
   impl->tmp_path = std::move(temp.path);
   impl->temp_lock = std::move(temp.lock);
