@@ -345,8 +345,8 @@ TEST_F(StorageTest, TheCApiTakesUrlsAndItsStorageOptions) {
   ro.piece_bytes = 128 << 10;
   ferry_loader_t* loader = nullptr;
   ASSERT_EQ(ferry_loader_create(nullptr, &loader, nullptr), FERRY_OK);
+  const std::string ca = Info("ca");  // outlives every use of ro.ca_bundle below
   for (const std::string& url : {Urls()[0], Urls()[1], HttpsUrl(EveryEncoding().name)}) {
-    const std::string ca = Info("ca");
     ro.ca_bundle = url.rfind("https", 0) == 0 ? ca.c_str() : nullptr;
     ferry_reader_t* reader = nullptr;
     ferry_error_t error{};

@@ -345,7 +345,8 @@ Result<FooterLocation> ParseTrailer(const uint8_t* head, uint64_t head_size, con
                                     uint64_t file_size, const std::string& path) {
   const uint64_t min_size = format::kMagicSize + format::kTrailerSize;
   const uint64_t seen = std::min({head_size, file_size, uint64_t{format::kMagicSize}});
-  const bool magic = std::memcmp(head, format::kMagic, seen) == 0;  // or a cut of it
+  // An empty file has no head to compare (and memcmp must not see a null pointer).
+  const bool magic = seen == 0 || std::memcmp(head, format::kMagic, seen) == 0;  // or a cut
   // Shorter than any checkpoint: too little to tell a kind by, and "too short" says enough.
   if (!magic && file_size >= min_size) {
     if (auto foreign = ForeignFileError(head, std::min(head_size, file_size), path)) {
