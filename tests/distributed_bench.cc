@@ -51,6 +51,7 @@
 #include "io/source.hpp"
 #include "nccl_probe.hpp"
 #include "nvml_probe.hpp"
+#include "observed_source.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -571,30 +572,6 @@ double Resident(const std::string& path) {
   return frac;
 }
 
-// Counts the bytes read through it: what this rank fetched from the server.
-class CountingSource : public ByteSource {
- public:
-  explicit CountingSource(std::shared_ptr<ByteSource> inner) : inner_(std::move(inner)) {}
-  const std::string& name() const override { return inner_->name(); }
-  uint64_t size() const override { return inner_->size(); }
-  uint64_t preferred_read_bytes() const override { return inner_->preferred_read_bytes(); }
-  int preferred_parallel_reads() const override { return inner_->preferred_parallel_reads(); }
-  std::string Describe() const override { return inner_->Describe(); }
-  Status ReadAt(uint64_t offset, uint64_t len, uint8_t* dst) const override {
-    bytes_ += len;
-    return inner_->ReadAt(offset, len, dst);
-  }
-  Status ReadRanges(std::span<const ReadRange> ranges) const override {
-    for (const ReadRange& r : ranges) bytes_ += r.len;
-    return inner_->ReadRanges(ranges);
-  }
-  uint64_t bytes() const { return bytes_.load(); }
-
- private:
-  std::shared_ptr<ByteSource> inner_;
-  mutable std::atomic<uint64_t> bytes_{0};
-};
-
 int ChildBench(Child& c) {
   const std::vector<Spec> specs = ModelSpecs(c.opts.gib);
   const auto by_name = ByName(specs);
@@ -689,7 +666,10 @@ int ChildBench(Child& c) {
       c.Fail("remote: " + source.status().ToString());
       return 1;
     }
-    auto counting = std::make_shared<CountingSource>(*source);
+    // What this rank fetched from the server.
+    auto fetched = std::make_shared<std::atomic<uint64_t>>(0);
+    auto counting = std::make_shared<testing::ObservedSource>(
+        *source, [fetched](uint64_t, uint64_t len) { *fetched += len; });
     auto reader = OpenReader(counting);
     if (!reader.ok()) {
       c.Fail("remote: " + reader.status().ToString());
@@ -705,7 +685,7 @@ int ChildBench(Child& c) {
       int bad = CheckAll(c, check, *out, by_name, "remote.dist");
       c.results["remote.dist.exact"] = {bad == 0 ? 1.0 : 0.0};
       c.results["remote.dist.read"] = {static_cast<double>((*dist)->last_stats().bytes_read)};
-      c.results["remote.dist.fetched"] = {static_cast<double>(counting->bytes())};
+      c.results["remote.dist.fetched"] = {static_cast<double>(fetched->load())};
       c.results["remote.dist.object"] = {static_cast<double>((*reader)->file_size())};
       // What the plan says this rank fetches (its share of the stored tensor bytes).
       auto plan = MakeDistPlan(SourceOf(**reader), {}, c.rank, c.nranks, c.opts.rounds, 0, nullptr);

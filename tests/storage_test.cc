@@ -27,6 +27,7 @@
 #include "io/remote_sink.hpp"
 #include "io/remote_source.hpp"
 #include "io/url.hpp"
+#include "observed_source.hpp"
 #include "save_group.hpp"
 #include "servers/test_servers.hpp"
 #include "test_util.hpp"
@@ -593,26 +594,16 @@ TEST_F(StorageTest, ASaveKilledMidUploadLeavesThePreviousObject) {
 
 // ---- the split of a distributed load --------------------------------------------------------
 
-// A source that records the ranges read through it (after Record()).
-class RecordingSource : public ByteSource {
+// The ranges read through a source once Record() was called; thread-safe.
+class RangeLog {
  public:
-  explicit RecordingSource(std::shared_ptr<ByteSource> inner) : inner_(std::move(inner)) {}
-  const std::string& name() const override { return inner_->name(); }
-  uint64_t size() const override { return inner_->size(); }
-  uint64_t preferred_read_bytes() const override { return inner_->preferred_read_bytes(); }
-  int preferred_parallel_reads() const override { return inner_->preferred_parallel_reads(); }
-  std::string Describe() const override { return inner_->Describe(); }
-  Status ReadAt(uint64_t offset, uint64_t len, uint8_t* dst) const override {
-    Log(offset, len);
-    return inner_->ReadAt(offset, len, dst);
-  }
-  Status ReadRanges(std::span<const ReadRange> ranges) const override {
-    for (const ReadRange& r : ranges) Log(r.offset, r.len);
-    return inner_->ReadRanges(ranges);
-  }
   void Record() {
     std::lock_guard<std::mutex> lock(mu_);
     on_ = true;
+  }
+  void Add(uint64_t offset, uint64_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (on_ && len > 0) ranges_.emplace_back(offset, offset + len);
   }
   std::vector<std::pair<uint64_t, uint64_t>> Ranges() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -620,14 +611,9 @@ class RecordingSource : public ByteSource {
   }
 
  private:
-  void Log(uint64_t offset, uint64_t len) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (on_ && len > 0) ranges_.emplace_back(offset, offset + len);
-  }
-  std::shared_ptr<ByteSource> inner_;
   mutable std::mutex mu_;
   bool on_ = false;
-  mutable std::vector<std::pair<uint64_t, uint64_t>> ranges_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_;
 };
 
 // Sorted, joined intervals.
@@ -664,9 +650,11 @@ std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ReadShares(const std::st
     threads.emplace_back([&, r] {
       auto src = OpenS3Source(url, MotoSettings(), RemoteOptions());
       ASSERT_TRUE(src.ok()) << src.status().ToString();
-      auto recording = std::make_shared<RecordingSource>(*src);
+      auto log = std::make_shared<RangeLog>();
+      auto recording = std::make_shared<testing::ObservedSource>(
+          *src, [log](uint64_t offset, uint64_t len) { log->Add(offset, len); });
       auto reader = OpenReader(recording).value();
-      recording->Record();  // after the trailer and footer, which every rank reads
+      log->Record();  // after the trailer and footer, which every rank reads
       AllReduceMaxFn reduce = group.Rank(r).all_reduce_max;
       auto plan = MakeDistPlan(SourceOf(*reader), {}, r, nranks, rounds, 0, &reduce);
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -694,7 +682,7 @@ std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ReadShares(const std::st
           EXPECT_EQ(std::memcmp(buffers[k].data(), want.data() + p->begin, p->len), 0);
         }
       }
-      out[r] = recording->Ranges();
+      out[r] = log->Ranges();
     });
   }
   for (auto& t : threads) t.join();
