@@ -39,9 +39,12 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+#ifdef FERRY_HAVE_CUDA
+// Timestamps of a device load's phases (LoadPhases); host-only builds record none.
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+#endif
 
 // Pieces per request, for the hand-over of streaming loads.
 void CountPieces(const std::vector<Piece>& pieces, std::vector<uint32_t>* count) {
